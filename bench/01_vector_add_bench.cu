@@ -125,9 +125,9 @@ void register_benchmarks(const kc::DeviceInfo& device) {
                     {"after", add_after},
                     {"uncoalesced", kc::ch01::vector_add_uncoalesced}};
     for (const auto& v : variants) {
-      kc::bench::configure(benchmark::RegisterBenchmark(
-          ("ch01/" + std::string(v.variant) + "/" + label).c_str(),
-          [&device, fn = v.fn, n](benchmark::State& s) { bench_add(s, device, fn, n); }));
+      kc::bench::configure(
+          benchmark::RegisterBenchmark(("ch01/" + std::string(v.variant) + "/" + label).c_str(),
+                                       [&device, fn = v.fn, n](benchmark::State& s) { bench_add(s, device, fn, n); }));
     }
     kc::bench::configure(benchmark::RegisterBenchmark(
         ("ch01/limit/" + label).c_str(), [&device, n](benchmark::State& s) { bench_copy_limit(s, device, n); }));

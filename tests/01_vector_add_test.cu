@@ -1,6 +1,6 @@
 // Chapter 1 tests. CPU tests (argument rules) run everywhere; GPU tests skip with a reason
 // where there is no GPU. Vector add is exact in fp32: float(double(a) + double(b)) is the correctly
-// rounded fp32 sum, so every kernel must match the fp64 reference bit for bit (tolerance 0).
+// rounded fp32 sum, so every kernel must match the rounded fp64 reference bit for bit (tolerance 0).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -75,12 +75,21 @@ TEST(VectorAddArguments, RejectsPointersNotAlignedForFloat) {
 
 TEST(VectorAddArguments, RejectsBadVectorizedConfig) {
   using kc::ch01::VectorizedConfig;
-  expect_invalid_argument([] { kc::ch01::validate_vectorized_config(VectorizedConfig{100, 2, 8}); },
-                          "config.threads_per_block (100) must be a multiple of 32");
-  expect_invalid_argument([] { kc::ch01::validate_vectorized_config(VectorizedConfig{256, 3, 8}); },
-                          "config.unroll (3) must be 1, 2 or 4");
-  expect_invalid_argument([] { kc::ch01::validate_vectorized_config(VectorizedConfig{256, 2, 0}); },
-                          "config.blocks_per_sm (0) must be >= 1");
+  expect_invalid_argument(
+      [] {
+        kc::ch01::validate_vectorized_config(VectorizedConfig{100, 2, 8});
+      },
+      "config.threads_per_block (100) must be a multiple of 32");
+  expect_invalid_argument(
+      [] {
+        kc::ch01::validate_vectorized_config(VectorizedConfig{256, 3, 8});
+      },
+      "config.unroll (3) must be 1, 2 or 4");
+  expect_invalid_argument(
+      [] {
+        kc::ch01::validate_vectorized_config(VectorizedConfig{256, 2, 0});
+      },
+      "config.blocks_per_sm (0) must be >= 1");
 }
 
 // Every launch function validates before touching CUDA: these run (and throw) without a GPU.
@@ -94,6 +103,16 @@ TEST(VectorAddArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
 }
 
 // ---------------------------------------------------------------- GPU
+
+// fp64 reference, rounded once to fp32: the double sum of two floats is exact, so rounding it to
+// float gives the correctly rounded fp32 sum, which is what an IEEE fp32 add must produce.
+std::vector<double> reference_sum(std::span<const float> a, std::span<const float> b) {
+  std::vector<double> ref(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ref[i] = static_cast<double>(static_cast<float>(static_cast<double>(a[i]) + static_cast<double>(b[i])));
+  }
+  return ref;
+}
 
 class VectorAddGpu : public kc::test::GpuTest, public ::testing::WithParamInterface<Variant> {
  protected:
@@ -110,8 +129,7 @@ class VectorAddGpu : public kc::test::GpuTest, public ::testing::WithParamInterf
     GetParam().launch(da.data(), db.data(), dc.data(), n, nullptr);
     kc::check(cudaDeviceSynchronize());
 
-    std::vector<double> ref(a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) ref[i] = static_cast<double>(a[i]) + static_cast<double>(b[i]);
+    const std::vector<double> ref = reference_sum(a, b);
     const std::vector<float> got = dc.to_host();
     const kc::Comparison result = kc::compare<float>(got, ref, kc::test::kPoisonByte);
     kc::test::expect_close(result, 0.0, GetParam().name);
@@ -139,9 +157,7 @@ TEST_P(VectorAddGpu, InPlaceIntoA) {
   kc::DeviceBuffer<float> da(a), db(b);
   GetParam().launch(da.data(), db.data(), da.data(), n, nullptr);
   const std::vector<float> got = da.to_host();
-  std::vector<double> ref(n);
-  for (std::int64_t i = 0; i < n; ++i) ref[i] = static_cast<double>(a[i]) + static_cast<double>(b[i]);
-  kc::test::expect_close(kc::compare<float>(got, ref), 0.0, "c == a");
+  kc::test::expect_close(kc::compare<float>(got, reference_sum(a, b)), 0.0, "c == a");
 }
 
 // Pointers offset from the allocation: same offset (vector path with a scalar head) and different
@@ -161,13 +177,14 @@ TEST_P(VectorAddGpu, OffsetPointers) {
     dc.fill_bytes(kc::test::kPoisonByte);
     GetParam().launch(da.data() + off[0], db.data() + off[1], dc.data() + off[2], n, nullptr);
     const std::vector<float> all = dc.to_host();
-    std::vector<double> ref(n);
-    for (std::int64_t i = 0; i < n; ++i) ref[i] = static_cast<double>(a[off[0] + i]) + static_cast<double>(b[off[1] + i]);
-    kc::test::expect_close(kc::compare<float>(std::span<const float>(all.data() + off[2], n), ref, kc::test::kPoisonByte),
-                           0.0, "offset pointers");
+    const std::vector<double> ref =
+        reference_sum(std::span<const float>(a.data() + off[0], n), std::span<const float>(b.data() + off[1], n));
+    kc::test::expect_close(
+        kc::compare<float>(std::span<const float>(all.data() + off[2], n), ref, kc::test::kPoisonByte), 0.0,
+        "offset pointers");
     const std::size_t before = kc::count_poisoned(std::span<const float>(all.data(), off[2]), kc::test::kPoisonByte);
-    const std::size_t after = kc::count_poisoned(std::span<const float>(all.data() + off[2] + n, 8 - off[2]),
-                                                 kc::test::kPoisonByte);
+    const std::size_t after =
+        kc::count_poisoned(std::span<const float>(all.data() + off[2] + n, 8 - off[2]), kc::test::kPoisonByte);
     EXPECT_EQ(before + after, static_cast<std::size_t>(8)) << "wrote outside [c, c + n)";
   }
 }
@@ -217,8 +234,7 @@ TEST_F(VectorAddConfigGpu, EveryConfigIsExact) {
   std::vector<float> a(n), b(n);
   kc::fill_uniform(std::span<float>(a), seed);
   kc::fill_uniform(std::span<float>(b), seed + 1);
-  std::vector<double> ref(n);
-  for (std::int64_t i = 0; i < n; ++i) ref[i] = static_cast<double>(a[i]) + static_cast<double>(b[i]);
+  const std::vector<double> ref = reference_sum(a, b);
   kc::DeviceBuffer<float> da(a), db(b);
   kc::test::GuardedOutput<float> dc(n);
   for (int threads : {32, 256, 1024}) {

@@ -137,14 +137,17 @@ if [ "$profile" = 1 ]; then
 import json, sys
 for c in json.load(open("tools/chapters.json")):
     if c["id"] == sys.argv[1]:
-        for case in c.get("profile_cases", []):
-            print(case)
+        for entry in c.get("profile_cases", []):
+            print(entry["case"] + "\t" + entry.get("kernel", ""))
 PY
     : >"$results/${ch}_profile.txt"
-    while read -r case; do
+    while IFS=$'\t' read -r case kernel; do
       [ -n "$case" ] || continue
       echo "## $case" >>"$results/${ch}_profile.txt"
-      python3 tools/kc_profile.py --bench "$program" --case "$case" >>"$results/${ch}_profile.txt" 2>"$logs/profile.err" ||
+      kernel_args=()
+      [ -n "$kernel" ] && kernel_args=(--kernel "$kernel")
+      python3 tools/kc_profile.py --bench "$program" --case "$case" "${kernel_args[@]}" \
+        >>"$results/${ch}_profile.txt" 2>"$logs/profile.err" ||
         { fail "profile $case"; tail -5 "$logs/profile.err"; }
     done <"$work/cases.txt"
     cat "$results/${ch}_profile.txt"

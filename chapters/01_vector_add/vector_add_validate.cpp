@@ -36,7 +36,8 @@ void validate_vector_add(const float* a, const float* b, const float* c, std::in
 void validate_vectorized_config(const VectorizedConfig& config) {
   const int t = config.threads_per_block;
   if (t < 32 || t > 1024 || t % 32 != 0) {
-    throw InvalidArgument("config.threads_per_block (" + std::to_string(t) + ") must be a multiple of 32 in [32, 1024]");
+    throw InvalidArgument("config.threads_per_block (" + std::to_string(t) +
+                          ") must be a multiple of 32 in [32, 1024]");
   }
   const int u = config.unroll;
   if (u != 1 && u != 2 && u != 4) throw InvalidArgument("config.unroll (" + std::to_string(u) + ") must be 1, 2 or 4");

@@ -9,6 +9,9 @@
 #ifndef KC_COMMIT_STRING
 #define KC_COMMIT_STRING "unknown"
 #endif
+#ifndef KC_GOOGLE_BENCHMARK_VERSION
+#define KC_GOOGLE_BENCHMARK_VERSION "unknown"
+#endif
 
 namespace kc::bench {
 
@@ -25,6 +28,7 @@ void add_context(const DeviceInfo& device) {
   benchmark::AddCustomContext("cuda_driver", version(device.driver_api_version));
   benchmark::AddCustomContext("cuda_runtime", version(device.runtime_version));
   benchmark::AddCustomContext("commit", commit());
+  benchmark::AddCustomContext("google_benchmark", KC_GOOGLE_BENCHMARK_VERSION);
 }
 
 benchmark::internal::Benchmark* configure(benchmark::internal::Benchmark* b) {

@@ -12,12 +12,11 @@ __global__ void fill_uniform_kernel(float* out, std::size_t count, std::uint64_t
 }
 }  // namespace
 
-void fill_uniform_device(float* out, std::size_t count, std::uint64_t seed, double lo, double hi,
-                         cudaStream_t stream) {
+void fill_uniform_device(float* out, std::size_t count, std::uint64_t seed, double lo, double hi, cudaStream_t stream) {
   if (count == 0) return;
   const std::size_t blocks = (count + 255) / 256;
   fill_uniform_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(out, count, seed, lo,
-                                                                                                 hi - lo);
+                                                                                                  hi - lo);
   check_launch();
 }
 

@@ -53,17 +53,19 @@ void expect_graph_capturable(const LaunchUnderTest& run) {
   run.poison_outputs();
   cudaGraph_t graph = nullptr;
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  bool launch_threw = false;
+  std::string problem;  // one failure with the whole story, not one per symptom
   try {
     run.launch(stream);
   } catch (const std::exception& e) {
-    launch_threw = true;
-    ADD_FAILURE() << "launch path threw during stream capture: " << e.what();
+    problem = std::string("the launch path threw during stream capture: ") + e.what();
   }
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   cudaGetLastError();
-  if (launch_threw || end != cudaSuccess || graph == nullptr) {
-    if (end != cudaSuccess) ADD_FAILURE() << "stream capture failed: " << cudaGetErrorString(end);
+  if (problem.empty() && (end != cudaSuccess || graph == nullptr)) {
+    problem = std::string("stream capture failed: ") + cudaGetErrorString(end);
+  }
+  if (!problem.empty()) {
+    ADD_FAILURE() << problem << " (a launch path must not synchronise or allocate)";
     if (graph != nullptr) cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
     return;

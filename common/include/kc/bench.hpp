@@ -20,8 +20,8 @@ namespace kc::bench {
 /// Parses Google Benchmark's flags; when there is no GPU of at least sm_@p min_major@p min_minor it
 /// prints why and returns 0 (so scripted runs on GPU-less machines succeed and say so). Otherwise it
 /// records the context (GPU, SMs, L2, driver, clocks, commit), calls @p register_benchmarks and runs.
-int run(int argc, char** argv, const std::function<void(const DeviceInfo&)>& register_benchmarks,
-        int min_major = 8, int min_minor = 0);
+int run(int argc, char** argv, const std::function<void(const DeviceInfo&)>& register_benchmarks, int min_major = 8,
+        int min_minor = 0);
 
 /// Adds GPU name, SM count, L2 size, CUDA driver/runtime versions, max clocks and the commit to the
 /// benchmark context (shown in the console header and in the JSON "context" object).
@@ -31,17 +31,19 @@ void add_context(const DeviceInfo& device);
 /// `min` and `max` statistics next to Google Benchmark's mean/median/stddev/cv.
 benchmark::internal::Benchmark* configure(benchmark::internal::Benchmark* b);
 
-/// The benchmark loop: each iteration times @p batch calls of @p launch(i) between two CUDA events
-/// and reports the time per launch as the iteration's manual time. @p between() runs before each
-/// batch, outside the timed region (for example an L2 flush). Use a batch of 1 for launches long
-/// enough for events to resolve (hundreds of microseconds), more for short ones.
+/// The benchmark loop: each pass times @p batch calls of @p launch(i) between two CUDA events.
+/// KeepRunningBatch counts the pass as @p batch iterations and the pass's event time is its manual
+/// time, so Google Benchmark reports the time per launch and sizes the run by real GPU time.
+/// @p between() runs before each batch, outside the timed region (for example an L2 flush). Use a
+/// batch of 1 for launches long enough for events to resolve (hundreds of microseconds), more for
+/// short ones.
 template <typename LaunchFn, typename BetweenFn>
 void time_batches(benchmark::State& state, cudaStream_t stream, int batch, LaunchFn&& launch, BetweenFn&& between) {
   EventTimer timer;
-  for (auto _ : state) {
+  while (state.KeepRunningBatch(batch)) {
     between();
     const double ms_per_launch = timer.time_launches(stream, batch, launch);
-    state.SetIterationTime(ms_per_launch * 1e-3);
+    state.SetIterationTime(ms_per_launch * batch * 1e-3);
   }
 }
 

@@ -23,13 +23,13 @@ inline double to_double(__nv_bfloat16 v) { return static_cast<double>(__bfloat16
 
 /// The outcome of comparing a result with its reference.
 struct Comparison {
-  std::size_t count = 0;             ///< elements compared
-  double rel_frobenius = 0.0;        ///< ||got - ref||_F / ||ref||_F over finite reference elements
-  double max_abs_error = 0.0;        ///< largest |got - ref| over finite reference elements
-  std::size_t max_abs_index = 0;     ///< where max_abs_error occurs
+  std::size_t count = 0;                 ///< elements compared
+  double rel_frobenius = 0.0;            ///< ||got - ref||_F / ||ref||_F over finite reference elements
+  double max_abs_error = 0.0;            ///< largest |got - ref| over finite reference elements
+  std::size_t max_abs_index = 0;         ///< where max_abs_error occurs
   std::size_t nonfinite_mismatches = 0;  ///< got NaN/Inf where ref differs (a NaN never passes)
-  std::size_t unwritten = 0;         ///< elements still holding the poison bit pattern
-  std::size_t first_bad_index = 0;   ///< first non-finite mismatch or unwritten element
+  std::size_t unwritten = 0;             ///< elements still holding the poison bit pattern
+  std::size_t first_bad_index = 0;       ///< first non-finite mismatch or unwritten element
 
   /// True when nothing is unwritten, no non-finite value is wrong, and rel_frobenius <= @p rel_tol.
   bool passes(double rel_tol) const;

@@ -10,22 +10,22 @@ namespace kc {
 
 /// The properties the chapters size their launches and tiles from. Never assume the H200's.
 struct DeviceInfo {
-  int index = 0;                          ///< CUDA device ordinal
-  std::string name;                       ///< e.g. "NVIDIA H200"
-  int cc_major = 0;                       ///< compute capability, major
-  int cc_minor = 0;                       ///< compute capability, minor
-  int sm_count = 0;                       ///< streaming multiprocessors
-  std::size_t l2_bytes = 0;               ///< L2 cache size
-  std::size_t smem_per_block_optin = 0;   ///< shared memory a block may opt in to (227 KB on sm_90)
-  std::size_t smem_per_sm = 0;            ///< shared memory per SM
-  int max_threads_per_sm = 0;             ///< resident threads per SM
-  int max_blocks_per_sm = 0;              ///< resident blocks per SM
-  int sm_clock_max_mhz = 0;               ///< maximum SM clock
-  int mem_clock_max_mhz = 0;              ///< maximum memory clock
-  int mem_bus_bits = 0;                   ///< memory bus width
-  std::size_t global_mem_bytes = 0;       ///< device memory
-  int driver_api_version = 0;             ///< CUDA version the driver supports, e.g. 13000
-  int runtime_version = 0;                ///< CUDA runtime linked in, e.g. 13000
+  int index = 0;                         ///< CUDA device ordinal
+  std::string name;                      ///< e.g. "NVIDIA H200"
+  int cc_major = 0;                      ///< compute capability, major
+  int cc_minor = 0;                      ///< compute capability, minor
+  int sm_count = 0;                      ///< streaming multiprocessors
+  std::size_t l2_bytes = 0;              ///< L2 cache size
+  std::size_t smem_per_block_optin = 0;  ///< shared memory a block may opt in to (227 KB on sm_90)
+  std::size_t smem_per_sm = 0;           ///< shared memory per SM
+  int max_threads_per_sm = 0;            ///< resident threads per SM
+  int max_blocks_per_sm = 0;             ///< resident blocks per SM
+  int sm_clock_max_mhz = 0;              ///< maximum SM clock
+  int mem_clock_max_mhz = 0;             ///< maximum memory clock
+  int mem_bus_bits = 0;                  ///< memory bus width
+  std::size_t global_mem_bytes = 0;      ///< device memory
+  int driver_api_version = 0;            ///< CUDA version the driver supports, e.g. 13000
+  int runtime_version = 0;               ///< CUDA runtime linked in, e.g. 13000
 
   /// "sm_90" style architecture name.
   std::string arch() const { return "sm_" + std::to_string(cc_major) + std::to_string(cc_minor); }

@@ -88,8 +88,8 @@ void expect_close(const Comparison& result, double rel_tol, const std::string& w
 /// A launch path under test: how to launch it on a stream, how to poison its outputs, how to read
 /// them back as raw bytes.
 struct LaunchUnderTest {
-  std::function<void(cudaStream_t)> launch;                ///< enqueue the work on the stream
-  std::function<void()> poison_outputs;                    ///< reset outputs to poison (synchronous)
+  std::function<void(cudaStream_t)> launch;                  ///< enqueue the work on the stream
+  std::function<void()> poison_outputs;                      ///< reset outputs to poison (synchronous)
   std::function<std::vector<unsigned char>()> read_outputs;  ///< outputs as bytes (synchronous)
 };
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Unpacks the archive tools/gpu_suite.sh left under $OUT into docs/results/<gpu>/ (default h200),
+# keeping the raw JSON, metadata, profiles and generated tables/plots, and the run's logs under
+# docs/results/<gpu>/logs/ (ctest summary, sanitizer summaries, ptxas report).
+#   tools/import_gpu_run.sh path/to/kc_gpu_run.tar.gz [gpu]
+set -euo pipefail
+archive=$1
+gpu=${2:-h200}
+root=$(cd "$(dirname "$0")/.." && pwd)
+dest=$root/docs/results/$gpu
+tmp=$(mktemp -d)
+tar -xzf "$archive" -C "$tmp"
+mkdir -p "$dest" "$dest/logs"
+cp "$tmp"/results/* "$dest"/
+for f in ctest.log ptxas.txt nvidia-smi.csv; do [ -f "$tmp/logs/$f" ] && cp "$tmp/logs/$f" "$dest/logs/"; done
+for f in "$tmp"/logs/sanitizer_*.log; do
+  [ -f "$f" ] || continue
+  # Keep the verdict lines only: the full logs repeat the test output.
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|SKIPPED" "$f" >"$dest/logs/$(basename "$f")" || true
+done
+rm -rf "$tmp"
+python3 "$root/tools/kc_results.py" chapter-map --results-dir "$dest" --readme "$root/README.md"
+echo "imported into $dest"

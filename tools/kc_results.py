@@ -1,0 +1,1118 @@
+#!/usr/bin/env python3
+"""Benchmark results of the Kernel Chapters course: tables, plots, checks and the README chapter map.
+
+Reads the JSON that Google Benchmark (1.7, 1.8 and later) writes for the chapters' benchmark programs,
+and the same schema written by ``tools/pytorch_baselines.py``. Benchmarks are named
+``chNN/<variant>/<case>``; Google Benchmark may append ``/manual_time``, ``/real_time``,
+``/iterations:N``, ``/repeats:N``, ``/min_time:X``, ``/threads:N``, which are ignored.
+
+Subcommands (see ``--help`` of each, and tools/README.md):
+
+* ``generate --results-dir DIR [--chapters ch01 ...]``: write ``chNN.md`` (and ``chNN.png`` when
+  matplotlib is installed) for every ``chNN_bench.json`` in DIR.
+* ``check --results-dir DIR [--readme README.md]``: regenerate in memory, diff with the files on
+  disk, exit 1 when they differ.
+* ``chapter-map --results-dir DIR --readme README.md [--check]``: rewrite (or compare) the block
+  between ``<!-- chapter-map:begin -->`` and ``<!-- chapter-map:end -->`` in the README.
+* ``summary JSON_FILE...``: print a plain-text table of any benchmark JSON files.
+
+Standard library only; matplotlib is imported lazily for the plots. Output is deterministic: the
+same inputs always give the same bytes, because CI regenerates the tables and diffs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_CHAPTERS_JSON = os.path.join(TOOLS_DIR, "chapters.json")
+
+MAP_BEGIN = "<!-- chapter-map:begin -->"
+MAP_END = "<!-- chapter-map:end -->"
+
+UNKNOWN = "unknown"
+DASH = "—"
+
+# Seconds per Google Benchmark time unit.
+TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+# Path components Google Benchmark appends to a benchmark's name.
+_SUFFIX_RE = re.compile(
+    r"^(?:manual_time|real_time|process_time|cpu_time"
+    r"|iterations:\d+|repeats:\d+|threads:\d+"
+    r"|min_time:[0-9.eE+-]+[sx]?|min_warmup_time:[0-9.eE+-]+[sx]?)$"
+)
+_CHAPTER_RE = re.compile(r"^ch\d+$")
+_STEP_RE = re.compile(r"^step(\d+)(?:_|$)")
+_BENCH_FILE_RE = re.compile(r"^(ch\d+)_bench\.json$")
+_AGGREGATES = ("mean", "median", "stddev", "cv", "min", "max")
+
+
+class ResultsError(Exception):
+    """An input file is missing, unreadable or not of the expected form."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Names and ordering
+
+
+def strip_run_suffixes(name: str) -> str:
+    """Returns ``name`` without the components Google Benchmark appends (``/manual_time``,
+    ``/real_time``, ``/iterations:N``, ``/repeats:N``, ``/min_time:X``, ``/threads:N``, ...)."""
+    parts = name.split("/")
+    while len(parts) > 1 and _SUFFIX_RE.match(parts[-1]):
+        parts.pop()
+    return "/".join(parts)
+
+
+def parse_run_name(name: str) -> Optional[Tuple[str, str, str]]:
+    """Splits ``chNN/<variant>/<case>[/suffixes]`` into ``(chapter, variant, case)``.
+
+    Returns None for a name that does not follow the course's convention. A case may itself
+    contain ``/`` (for example arguments that Google Benchmark appended); it is kept whole.
+    """
+    parts = strip_run_suffixes(name).split("/")
+    if len(parts) < 3 or not _CHAPTER_RE.match(parts[0]) or not parts[1] or not all(parts[2:]):
+        return None
+    return parts[0], parts[1], "/".join(parts[2:])
+
+
+def natural_key(text: str) -> Tuple[Any, ...]:
+    """Sort key that compares the numbers inside a label as numbers: N65536 < N268435456."""
+    pieces = re.split(r"(\d+)", text)
+    # Text and numbers alternate (text at even positions), so equal positions hold equal types.
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(pieces))
+
+
+def variant_key(variant: str) -> Tuple[int, int, Tuple[Any, ...]]:
+    """Sort key for variants: before, stepN_* (by N), after, other names alphabetically,
+    vendor and vendor_*, pytorch, limit."""
+    if variant == "before":
+        return (0, 0, ())
+    step = _STEP_RE.match(variant)
+    if step:
+        return (1, int(step.group(1)), natural_key(variant))
+    if variant == "after":
+        return (2, 0, ())
+    if variant == "vendor" or variant.startswith("vendor_"):
+        return (4, 0, natural_key(variant))
+    if variant == "pytorch":
+        return (5, 0, ())
+    if variant == "limit":
+        return (6, 0, ())
+    return (3, 0, natural_key(variant))
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading Google Benchmark JSON
+
+
+@dataclass
+class Measurement:
+    """One benchmark (one run_name) reduced to what the tables show. Times are in seconds."""
+
+    name: str  # run_name without Google Benchmark's suffixes
+    chapter: Optional[str]
+    variant: Optional[str]
+    case: Optional[str]
+    source: str  # file name the measurement came from
+    time_s: Optional[float] = None  # median over repetitions
+    mean_s: Optional[float] = None
+    min_s: Optional[float] = None
+    max_s: Optional[float] = None
+    cv: Optional[float] = None  # coefficient of variation, a fraction (0.012 = 1.2 %)
+    repetitions: Optional[int] = None
+    bytes_per_second: Optional[float] = None  # median over repetitions
+    flops: Optional[float] = None  # FLOP/s, median over repetitions
+    error: Optional[str] = None  # set when the benchmark reported an error or was skipped
+
+    @property
+    def measured(self) -> bool:
+        """True when the benchmark produced a time."""
+        return self.error is None and self.time_s is not None
+
+
+@dataclass
+class BenchFile:
+    """The parsed content of one benchmark JSON file."""
+
+    source: str
+    context: Dict[str, Any]
+    measurements: List[Measurement] = field(default_factory=list)
+
+    @property
+    def library_version(self) -> Optional[str]:
+        """Google Benchmark's version when the file records it (1.9+ does; 1.7 and 1.8 do not)."""
+        for key in ("library_version", "google_benchmark"):
+            value = _clean(self.context.get(key))
+            if value is not None:
+                return value
+        return None
+
+
+def _to_float(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        result = float(value)
+    elif isinstance(value, str):
+        try:
+            result = float(value.replace(",", ""))
+        except ValueError:
+            return None
+    else:
+        return None
+    return result if math.isfinite(result) else None
+
+
+def _seconds(entry: Dict[str, Any], key: str = "real_time") -> Optional[float]:
+    value = _to_float(entry.get(key))
+    if value is None:
+        return None
+    unit = entry.get("time_unit", "ns")
+    if unit not in TIME_UNITS:
+        raise ResultsError("unknown time_unit %r in benchmark %r" % (unit, entry.get("name")))
+    return value * TIME_UNITS[unit]
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def _sample_cv(values: Sequence[float]) -> Optional[float]:
+    if len(values) < 2:
+        return 0.0 if values else None
+    mean = sum(values) / len(values)
+    if mean == 0:
+        return None
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(var) / mean
+
+
+def _base_run_name(entry: Dict[str, Any]) -> str:
+    run_name = entry.get("run_name")
+    if isinstance(run_name, str) and run_name:
+        return run_name
+    name = str(entry.get("name", ""))
+    aggregate = entry.get("aggregate_name")
+    if entry.get("run_type") == "aggregate" and aggregate and name.endswith("_" + aggregate):
+        return name[: -len(aggregate) - 1]
+    return name
+
+
+def _measurement_from(run_name: str, source: str, aggregates: Dict[str, Dict[str, Any]],
+                      iterations: List[Dict[str, Any]], errors: List[str]) -> Measurement:
+    parsed = parse_run_name(run_name)
+    chapter, variant, case = parsed if parsed else (None, None, None)
+    m = Measurement(name=strip_run_suffixes(run_name), chapter=chapter, variant=variant, case=case,
+                    source=source)
+    central = aggregates.get("median") or aggregates.get("mean")
+    if central is not None:
+        m.time_s = _seconds(central)
+        m.mean_s = _seconds(aggregates["mean"]) if "mean" in aggregates else None
+        m.min_s = _seconds(aggregates["min"]) if "min" in aggregates else None
+        m.max_s = _seconds(aggregates["max"]) if "max" in aggregates else None
+        if "cv" in aggregates:
+            # Google Benchmark writes the cv aggregate as a fraction (aggregate_unit "percentage").
+            m.cv = _to_float(aggregates["cv"].get("real_time"))
+        elif "stddev" in aggregates and m.mean_s:
+            stddev = _seconds(aggregates["stddev"])
+            m.cv = stddev / m.mean_s if stddev is not None else None
+        reps = central.get("repetitions")
+        m.repetitions = int(reps) if isinstance(reps, (int, float)) and not isinstance(reps, bool) else None
+        m.bytes_per_second = _to_float(central.get("bytes_per_second"))
+        m.flops = _to_float(central.get("flops"))
+    elif iterations:
+        times = [t for t in (_seconds(e) for e in iterations) if t is not None]
+        if times:
+            m.time_s = _median(times)
+            m.mean_s = sum(times) / len(times)
+            m.min_s, m.max_s = min(times), max(times)
+            m.cv = _sample_cv(times)
+            m.repetitions = len(times)
+        for key in ("bytes_per_second", "flops"):
+            values = [v for v in (_to_float(e.get(key)) for e in iterations) if v is not None]
+            if values:
+                setattr(m, key, _median(values))
+    if not m.measured:
+        m.time_s = None
+        m.error = errors[0] if errors else "no time reported"
+    return m
+
+
+def parse_benchmark_json(doc: Dict[str, Any], source: str = "<json>") -> BenchFile:
+    """Reduces a Google Benchmark JSON document to one Measurement per benchmark (run_name).
+
+    Uses the aggregates (median, mean, min, max, cv) when the run has them, else the individual
+    repetitions. A benchmark that reported an error or was skipped becomes a Measurement with
+    ``error`` set. Rates (``bytes_per_second``, ``flops``) are taken from the median aggregate:
+    Google Benchmark 1.7 and 1.8 divide them by the manual time for benchmarks that use it.
+    """
+    if not isinstance(doc, dict):
+        raise ResultsError("%s: not a Google Benchmark JSON object" % source)
+    context = doc.get("context") if isinstance(doc.get("context"), dict) else {}
+    entries = doc.get("benchmarks", [])
+    if not isinstance(entries, list):
+        raise ResultsError("%s: 'benchmarks' is not a list" % source)
+    order: List[str] = []
+    aggregates: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    iterations: Dict[str, List[Dict[str, Any]]] = {}
+    errors: Dict[str, List[str]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        run_name = _base_run_name(entry)
+        if run_name not in aggregates:
+            order.append(run_name)
+            aggregates[run_name], iterations[run_name], errors[run_name] = {}, [], []
+        if entry.get("error_occurred") or entry.get("skipped"):
+            message = entry.get("error_message") or entry.get("skip_message") or "skipped"
+            if message not in errors[run_name]:
+                errors[run_name].append(str(message))
+        elif entry.get("run_type") == "aggregate":
+            aggregates[run_name][str(entry.get("aggregate_name"))] = entry
+        else:
+            iterations[run_name].append(entry)
+    result = BenchFile(source=source, context=context)
+    for run_name in order:
+        result.measurements.append(
+            _measurement_from(run_name, source, aggregates[run_name], iterations[run_name], errors[run_name]))
+    return result
+
+
+def load_benchmark_file(path: str) -> BenchFile:
+    """Reads and parses one benchmark JSON file (see parse_benchmark_json)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ResultsError("cannot read %s: %s" % (path, e.strerror or e))
+    except ValueError as e:
+        raise ResultsError("%s is not valid JSON: %s" % (path, e))
+    return parse_benchmark_json(doc, os.path.basename(path))
+
+
+# --------------------------------------------------------------------------------------------------
+# Chapters, metadata
+
+
+@dataclass
+class Chapter:
+    """One entry of tools/chapters.json."""
+
+    id: str
+    dir: str
+    title: str
+    headline_case: Optional[str] = None
+    headline_variant: str = "after"
+    headline_reference: str = "limit"
+    metric: str = "bandwidth"  # "bandwidth" or "flops"
+    reference_label: Optional[str] = None
+
+
+def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
+    """Reads the chapter list (tools/chapters.json): a JSON list of objects with id, dir, title and
+    headline {case, variant, reference, metric[, reference_label]}."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ResultsError("cannot read %s: %s" % (path, e.strerror or e))
+    except ValueError as e:
+        raise ResultsError("%s is not valid JSON: %s" % (path, e))
+    if not isinstance(doc, list):
+        raise ResultsError("%s: expected a JSON list of chapters" % path)
+    chapters = []
+    for i, item in enumerate(doc):
+        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("id", "dir", "title")):
+            raise ResultsError("%s: chapter %d needs string fields id, dir and title" % (path, i))
+        if not _CHAPTER_RE.match(item["id"]):
+            raise ResultsError("%s: chapter id %r must look like ch01" % (path, item["id"]))
+        headline = item.get("headline") or {}
+        metric = headline.get("metric", "bandwidth")
+        if metric not in ("bandwidth", "flops"):
+            raise ResultsError("%s: %s headline metric %r must be 'bandwidth' or 'flops'" % (path, item["id"], metric))
+        chapters.append(Chapter(
+            id=item["id"], dir=item["dir"], title=item["title"],
+            headline_case=headline.get("case"),
+            headline_variant=headline.get("variant", "after"),
+            headline_reference=headline.get("reference", "limit"),
+            metric=metric,
+            reference_label=headline.get("reference_label"),
+        ))
+    return chapters
+
+
+def load_metadata(results_dir: str) -> Dict[str, Any]:
+    """Reads ``metadata.json`` of a results folder; a missing file gives an empty dict."""
+    path = os.path.join(results_dir, "metadata.json")
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ResultsError("cannot read %s: %s" % (path, e))
+    if not isinstance(doc, dict):
+        raise ResultsError("%s: expected a JSON object" % path)
+    return doc
+
+
+def _clean(value: Any) -> Optional[str]:
+    """A metadata or context value as display text; None when absent, empty or 'unknown'."""
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return str(int(value)) if value.is_integer() else "%g" % value
+    text = str(value).strip()
+    if not text or text.lower() in ("unknown", "n/a", "none", "null"):
+        return None
+    return text
+
+
+# Display field -> (keys in a benchmark's context, keys in metadata.json[, context keys used only
+# after metadata.json]). The chapter's own JSON context wins (it was recorded with those very
+# numbers); metadata.json of the run fills the gaps. The memory clock that nvidia-smi reads during
+# the run (metadata) is preferred over the device's maximum that the benchmark records.
+_FIELDS: List[Tuple[str, ...]] = [
+    ("date", ("date",), ("date",)),
+    ("commit", ("commit", "git_commit"), ("commit",)),
+    ("gpu", ("gpu", "gpu_name"), ("gpu",)),
+    ("gpu_arch", ("gpu_arch",), ("gpu_arch",)),
+    ("gpu_sms", ("gpu_sms", "sm_count"), ("gpu_sms",)),
+    ("gpu_l2_bytes", ("gpu_l2_bytes", "l2_bytes"), ("gpu_l2_bytes",)),
+    ("driver", ("driver", "driver_version"), ("driver",)),
+    ("cuda", ("cuda", "cuda_runtime"), ("cuda",)),
+    ("sm_clock_mhz_under_load", ("sm_clock_mhz_under_load",), ("sm_clock_mhz_under_load",)),
+    ("sm_clock_max_mhz", ("sm_clock_max_mhz", "gpu_sm_clock_max_mhz"), ("sm_clock_max_mhz",)),
+    ("mem_clock_mhz", ("mem_clock_mhz",), ("mem_clock_mhz",), ("gpu_mem_clock_max_mhz",)),
+    ("power_limit_w", ("power_limit_w",), ("power_limit_w",)),
+    ("google_benchmark", ("library_version", "google_benchmark"), ("google_benchmark",)),
+    ("notes", (), ("notes",)),
+]
+
+
+def merge_metadata(metadata: Optional[Dict[str, Any]], contexts: Iterable[Dict[str, Any]]) -> Dict[str, str]:
+    """Merges a run's metadata.json with benchmark JSON contexts into display strings.
+
+    For each field the first context that has a usable value wins, then metadata.json; a field
+    found nowhere is "unknown". Values "", "unknown", "n/a" count as absent. Returns a dict with the
+    keys date, commit, gpu, gpu_arch, gpu_sms, gpu_l2_bytes, driver, cuda, sm_clock_mhz_under_load,
+    sm_clock_max_mhz, mem_clock_mhz, power_limit_w, google_benchmark and notes.
+    """
+    metadata = metadata or {}
+    contexts = [c for c in contexts if isinstance(c, dict)]
+    def from_contexts(keys: Sequence[str]) -> Optional[str]:
+        for context in contexts:
+            for key in keys:
+                value = _clean(context.get(key))
+                if value is not None:
+                    return value
+        return None
+
+    merged: Dict[str, str] = {}
+    for entry in _FIELDS:
+        name, context_keys, metadata_keys = entry[0], entry[1], entry[2]
+        late_keys = entry[3] if len(entry) > 3 else ()
+        value = from_contexts(context_keys)
+        if value is None:
+            value = next((v for v in (_clean(metadata.get(k)) for k in metadata_keys) if v is not None), None)
+        if value is None:
+            value = from_contexts(late_keys)
+        merged[name] = value if value is not None else UNKNOWN
+    return merged
+
+
+# --------------------------------------------------------------------------------------------------
+# Number formatting (fixed, so the output is byte-for-byte reproducible)
+
+
+def format_sig(value: float) -> str:
+    """At least three significant digits, no exponent: 0.0123, 1.23, 12.3, 123, 4214."""
+    a = abs(value)
+    if a == 0:
+        return "0"
+    if a >= 99.95:
+        return "%.0f" % value
+    if a >= 9.995:
+        return "%.1f" % value
+    if a >= 0.9995:
+        return "%.2f" % value
+    if a >= 0.09995:
+        return "%.3f" % value
+    return "%.3g" % value
+
+
+def time_unit_for(seconds: float) -> Tuple[str, float]:
+    """The display unit for a time: ns below 1 µs, µs below 1 ms, ms below 1 s, else s."""
+    if seconds < 0.9995e-6:
+        return "ns", 1e-9
+    if seconds < 0.9995e-3:
+        return "µs", 1e-6
+    if seconds < 0.9995:
+        return "ms", 1e-3
+    return "s", 1.0
+
+
+def format_time(seconds: Optional[float]) -> str:
+    """A time with an automatic unit: '6.44 µs', '103 µs', '1.25 ms'."""
+    if seconds is None:
+        return DASH
+    unit, scale = time_unit_for(seconds)
+    return "%s %s" % (format_sig(seconds / scale), unit)
+
+
+def format_spread(m: Measurement) -> str:
+    """'min–max unit, cv x.x%' in the unit of the median."""
+    if m.time_s is None:
+        return DASH
+    unit, scale = time_unit_for(m.time_s)
+    parts = []
+    if m.min_s is not None and m.max_s is not None:
+        parts.append("%s–%s %s" % (format_sig(m.min_s / scale), format_sig(m.max_s / scale), unit))
+    if m.cv is not None:
+        parts.append("cv %.1f%%" % (m.cv * 100.0))
+    return ", ".join(parts) if parts else DASH
+
+
+def format_bandwidth(bytes_per_second: Optional[float]) -> str:
+    """Bytes per second with an automatic unit: '4.21 TB/s', '812 GB/s', '3.10 MB/s' (SI units)."""
+    if bytes_per_second is None:
+        return DASH
+    for scale, unit in ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s")):
+        if bytes_per_second >= 0.9995 * scale:
+            return "%s %s" % (format_sig(bytes_per_second / scale), unit)
+    return "%s kB/s" % format_sig(bytes_per_second / 1e3)
+
+
+def format_flops(flops: Optional[float]) -> str:
+    """FLOP/s with an automatic unit: '745 TFLOP/s', '51.2 TFLOP/s', '812 GFLOP/s'."""
+    if flops is None:
+        return DASH
+    for scale, unit in ((1e15, "PFLOP/s"), (1e12, "TFLOP/s"), (1e9, "GFLOP/s")):
+        if flops >= 0.9995 * scale:
+            return "%s %s" % (format_sig(flops / scale), unit)
+    return "%s MFLOP/s" % format_sig(flops / 1e6)
+
+
+def _format_bytes(value: str) -> str:
+    number = _to_float(value)
+    if number is None:
+        return value
+    scale, unit = next(((s, u) for s, u in ((2 ** 30, "GiB"), (2 ** 20, "MiB")) if number >= s), (2 ** 10, "KiB"))
+    value = number / scale
+    return "%s %s" % ("%d" % value if value.is_integer() else format_sig(value), unit)
+
+
+def _throughput(m: Measurement, metric: str) -> Optional[float]:
+    return m.flops if metric == "flops" else m.bytes_per_second
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+# --------------------------------------------------------------------------------------------------
+# One chapter's results
+
+
+@dataclass
+class ChapterResults:
+    """Everything read for one chapter from a results folder."""
+
+    chapter_id: str
+    files: List[BenchFile]
+    metadata: Dict[str, Any]
+    has_metadata_file: bool
+
+    @property
+    def measurements(self) -> List[Measurement]:
+        """Measurements of this chapter from all its files; the first file wins on duplicates."""
+        seen = set()
+        result = []
+        for bench_file in self.files:
+            for m in bench_file.measurements:
+                if m.chapter != self.chapter_id:
+                    continue
+                key = (m.variant, m.case)
+                if key in seen:
+                    continue
+                seen.add(key)
+                result.append(m)
+        return result
+
+    def find(self, case: Optional[str], variant: str) -> Optional[Measurement]:
+        """The measured result of ``variant`` for ``case``, or None."""
+        for m in self.measurements:
+            if m.case == case and m.variant == variant and m.measured:
+                return m
+        return None
+
+    def info(self) -> Dict[str, str]:
+        """Run information (see merge_metadata) for this chapter."""
+        return merge_metadata(self.metadata, [f.context for f in self.files])
+
+
+def chapter_files(results_dir: str, chapter_id: str) -> List[str]:
+    """The input files of a chapter that exist in ``results_dir``: chNN_bench.json, then
+    chNN_pytorch.json."""
+    names = ["%s_bench.json" % chapter_id, "%s_pytorch.json" % chapter_id]
+    return [os.path.join(results_dir, n) for n in names if os.path.isfile(os.path.join(results_dir, n))]
+
+
+def measured_chapter_ids(results_dir: str) -> List[str]:
+    """Chapter ids that have a chNN_bench.json in ``results_dir``, in natural order."""
+    if not os.path.isdir(results_dir):
+        return []
+    ids = [m.group(1) for m in (_BENCH_FILE_RE.match(n) for n in os.listdir(results_dir)) if m]
+    return sorted(ids, key=natural_key)
+
+
+def load_chapter_results(results_dir: str, chapter_id: str,
+                         metadata: Optional[Dict[str, Any]] = None) -> Optional[ChapterResults]:
+    """Reads a chapter's files from ``results_dir``; None when it has no chNN_bench.json."""
+    paths = chapter_files(results_dir, chapter_id)
+    if not paths or not paths[0].endswith("_bench.json"):
+        return None
+    if metadata is None:
+        metadata = load_metadata(results_dir)
+    has_metadata = os.path.isfile(os.path.join(results_dir, "metadata.json"))
+    return ChapterResults(chapter_id, [load_benchmark_file(p) for p in paths], metadata, has_metadata)
+
+
+def table_metric(chapter: Optional[Chapter], results: ChapterResults) -> str:
+    """'bandwidth' or 'flops': the chapter's headline metric, else 'flops' when any result has a
+    flops counter."""
+    if chapter is not None:
+        return chapter.metric
+    return "flops" if any(m.flops is not None for m in results.measurements) else "bandwidth"
+
+
+def _run_lines(results: ChapterResults) -> List[str]:
+    info = results.info()
+    gpu = info["gpu"]
+    details = []
+    if info["gpu_arch"] != UNKNOWN:
+        details.append(info["gpu_arch"])
+    if info["gpu_sms"] != UNKNOWN:
+        details.append("%s SMs" % info["gpu_sms"])
+    if info["gpu_l2_bytes"] != UNKNOWN:
+        details.append("%s L2" % _format_bytes(info["gpu_l2_bytes"]))
+    if details:
+        gpu += " (%s)" % ", ".join(details)
+    reps = sorted({m.repetitions for m in results.measurements if m.measured and m.repetitions})
+    if not reps:
+        repetitions = UNKNOWN
+    elif len(reps) == 1:
+        repetitions = str(reps[0])
+    else:
+        repetitions = "%d–%d" % (reps[0], reps[-1])
+
+    def mhz(value: str) -> str:
+        return value if value == UNKNOWN else value + " MHz"
+
+    power = info["power_limit_w"] if info["power_limit_w"] == UNKNOWN else info["power_limit_w"] + " W"
+    gbench = info["google_benchmark"]
+    if gbench == UNKNOWN:
+        gbench = "version not recorded"
+    lines = [
+        "- **GPU:** %s; driver %s; CUDA %s" % (gpu, info["driver"], info["cuda"]),
+        "- **Clocks:** SM %s under load (max %s), memory %s; power limit %s"
+        % (mhz(info["sm_clock_mhz_under_load"]), mhz(info["sm_clock_max_mhz"]), mhz(info["mem_clock_mhz"]), power),
+        "- **Run:** %s, commit %s" % (info["date"], info["commit"]),
+        "- **Method:** median of %s repetitions (Google Benchmark, %s); time from CUDA events"
+        % (repetitions, gbench),
+    ]
+    for bench_file in results.files[1:]:
+        library = _clean(bench_file.context.get("library"))
+        if library:
+            lines.append("- **Baseline:** %s (from %s)" % (library, bench_file.source))
+    if info["notes"] != UNKNOWN:
+        lines.append("- **Notes:** %s" % info["notes"])
+    return lines
+
+
+def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] = None) -> str:
+    """The generated Markdown page of one chapter: a provenance comment, a heading, the run
+    context, one table (rows grouped by case, in natural order; variants in course order) and notes."""
+    metric = table_metric(chapter, results)
+    sources = [f.source for f in results.files]
+    if results.has_metadata_file:
+        sources.append("metadata.json")
+    title = "%s · %s" % (results.chapter_id, chapter.title) if chapter else results.chapter_id
+    info = results.info()
+    lines = [
+        "<!-- Generated by tools/kc_results.py from %s in this folder. Do not edit by hand: "
+        "regenerate with `python3 tools/kc_results.py generate --results-dir <this folder>`. -->"
+        % ", ".join(sources),
+        "",
+        "# %s: measured results%s" % (title, "" if info["gpu"] == UNKNOWN else " on " + info["gpu"]),
+        "",
+    ]
+    lines += _run_lines(results)
+    lines.append("")
+
+    measured = [m for m in results.measurements if m.measured]
+    if metric == "flops":
+        unit_header = "TFLOP/s"
+        explain = ("TFLOP/s counts the case's useful floating-point operations. \"× limit\" is that over "
+                   "the `limit` variant's (a dense GEMM of the same size, same run).")
+    else:
+        unit_header = "GB/s"
+        explain = ("GB/s counts the case's fewest bytes (each input read once, each output written once), "
+                   "the same for every variant, so the column compares across variants; only `limit` counts "
+                   "the bytes it really moves. \"× limit\" is the variant's GB/s over `limit`'s (same case, "
+                   "same run).")
+    lines += [
+        "Median time over the repetitions; spread is the fastest and slowest repetition and the "
+        "coefficient of variation. " + explain + " Speed-up is `before`'s median time over the variant's.",
+        "",
+    ]
+    if not measured:
+        lines.append("No variant of this chapter produced a time.")
+    else:
+        lines += [
+            "| Case | Variant | Median time | Spread (min–max, cv) | %s | × limit | Speed-up vs before |" % unit_header,
+            "|---|---|---:|---|---:|---:|---:|",
+        ]
+        cases = sorted({m.case for m in measured}, key=natural_key)
+        for case in cases:
+            rows = sorted((m for m in measured if m.case == case), key=lambda m: variant_key(m.variant))
+            limit = results.find(case, "limit")
+            before = results.find(case, "before")
+            for i, m in enumerate(rows):
+                value = _throughput(m, metric)
+                if value is None:
+                    throughput = DASH
+                else:
+                    throughput = format_sig(value / (1e12 if metric == "flops" else 1e9))
+                fraction = _ratio(value, _throughput(limit, metric) if limit else None)
+                speedup = _ratio(before.time_s, m.time_s) if before else None
+                lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                    "`%s`" % case if i == 0 else "",
+                    "`%s`" % m.variant,
+                    format_time(m.time_s),
+                    format_spread(m),
+                    throughput,
+                    DASH if fraction is None else "%.2f" % fraction,
+                    DASH if speedup is None else "%.2f×" % speedup,
+                ))
+    failed = [m for m in results.measurements if not m.measured]
+    if failed:
+        lines += ["", "Not measured:", ""]
+        for m in sorted(failed, key=lambda m: (natural_key(m.case or ""), variant_key(m.variant or ""))):
+            lines.append("- `%s` at `%s`: %s" % (m.variant, m.case, m.error))
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(results: ChapterResults, chapter: Optional[Chapter], path: str) -> bool:
+    """Writes a PNG of throughput per case, one line per variant. Returns False (writing nothing)
+    when matplotlib is not installed."""
+    try:
+        import matplotlib  # noqa: WPS433 (optional dependency, imported lazily)
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    metric = table_metric(chapter, results)
+    measured = [m for m in results.measurements if m.measured]
+    cases = sorted({m.case for m in measured}, key=natural_key)
+    variants = sorted({m.variant for m in measured}, key=variant_key)
+    scale, unit = (1e12, "TFLOP/s") if metric == "flops" else (1e9, "GB/s")
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cases) + 3.5), 4.5))
+    for variant in variants:
+        xs, ys = [], []
+        for x, case in enumerate(cases):
+            m = results.find(case, variant)
+            value = _throughput(m, metric) if m else None
+            if value is not None:
+                xs.append(x)
+                ys.append(value / scale)
+        if xs:
+            style = {"linestyle": "--", "color": "black"} if variant == "limit" else {}
+            ax.plot(xs, ys, marker="o", label=variant, **style)
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels(cases, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(unit + (" (fewest bytes)" if metric == "bandwidth" else ""))
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    info = results.info()
+    title = "%s · %s" % (results.chapter_id, chapter.title) if chapter else results.chapter_id
+    ax.set_title(title + ("" if info["gpu"] == UNKNOWN else " on " + info["gpu"]))
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# generate / check
+
+
+def _chapter_index(chapters: Sequence[Chapter]) -> Dict[str, Chapter]:
+    return {c.id: c for c in chapters}
+
+
+def expected_pages(results_dir: str, chapters: Sequence[Chapter],
+                   only: Optional[Sequence[str]] = None) -> Dict[str, str]:
+    """Maps ``chNN.md`` file names to the content ``generate`` would write for ``results_dir``."""
+    index = _chapter_index(chapters)
+    metadata = load_metadata(results_dir)
+    pages = {}
+    for chapter_id in measured_chapter_ids(results_dir):
+        if only and chapter_id not in only:
+            continue
+        results = load_chapter_results(results_dir, chapter_id, metadata)
+        if results is not None:
+            pages["%s.md" % chapter_id] = render_chapter_markdown(results, index.get(chapter_id))
+    return pages
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes UTF-8 text with '\\n' line ends (the same bytes on every platform)."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+
+
+def read_text(path: str) -> Optional[str]:
+    """Reads a UTF-8 text file, or None when it does not exist."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def generate(results_dir: str, chapters: Sequence[Chapter], only: Optional[Sequence[str]] = None,
+             plots: bool = True, out=None) -> List[str]:
+    """Writes chNN.md (and chNN.png when matplotlib exists) for each chapter with results in
+    ``results_dir``, reporting on ``out`` (default stdout). Returns the paths written."""
+    out = out or sys.stdout
+    written = []
+    index = _chapter_index(chapters)
+    pages = expected_pages(results_dir, chapters, only)
+    plot_note_printed = False
+    for name in sorted(pages, key=natural_key):
+        path = os.path.join(results_dir, name)
+        write_text(path, pages[name])
+        written.append(path)
+        print("wrote %s" % path, file=out)
+        if plots:
+            chapter_id = name[:-3]
+            png = os.path.join(results_dir, chapter_id + ".png")
+            results = load_chapter_results(results_dir, chapter_id)
+            if results is not None and render_plot(results, index.get(chapter_id), png):
+                written.append(png)
+                print("wrote %s" % png, file=out)
+            elif not plot_note_printed:
+                print("matplotlib is not installed: skipping plots", file=out)
+                plot_note_printed = True
+    for chapter_id in only or []:
+        if "%s.md" % chapter_id not in pages:
+            print("%s: no %s_bench.json in %s" % (chapter_id, chapter_id, results_dir), file=out)
+    if not pages and not only:
+        print("no chNN_bench.json in %s: nothing to generate" % results_dir, file=out)
+    return written
+
+
+def _diff(old: Optional[str], new: Optional[str], path: str) -> str:
+    old_lines = (old or "").splitlines(keepends=True)
+    new_lines = (new or "").splitlines(keepends=True)
+    label_old = path if old is not None else "/dev/null"
+    label_new = (path + " (regenerated)") if new is not None else "/dev/null"
+    text = "".join(difflib.unified_diff(old_lines, new_lines, label_old, label_new))
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text
+
+
+def check_pages(results_dir: str, chapters: Sequence[Chapter],
+                only: Optional[Sequence[str]] = None) -> List[str]:
+    """Compares the chNN.md files on disk with what generate would write. Returns one unified diff
+    (or message) per mismatching file; an empty list means all match. A chNN.md whose
+    chNN_bench.json is gone counts as a mismatch."""
+    problems = []
+    pages = expected_pages(results_dir, chapters, only)
+    for name in sorted(pages, key=natural_key):
+        path = os.path.join(results_dir, name)
+        on_disk = read_text(path)
+        if on_disk != pages[name]:
+            problems.append(_diff(on_disk, pages[name], path))
+    if os.path.isdir(results_dir):
+        for name in sorted(os.listdir(results_dir), key=natural_key):
+            match = re.match(r"^(ch\d+)\.md$", name)
+            if match and name not in pages and (not only or match.group(1) in only):
+                problems.append("%s has no %s_bench.json next to it (stale table?)\n"
+                                % (os.path.join(results_dir, name), match.group(1)))
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# README chapter map
+
+
+def _reference_label(chapter: Chapter) -> str:
+    if chapter.reference_label:
+        return chapter.reference_label
+    if chapter.headline_reference == "limit":
+        return "copy limit" if chapter.metric == "bandwidth" else "dense GEMM limit"
+    if chapter.headline_reference == "pytorch":
+        return "PyTorch"
+    return chapter.headline_reference
+
+
+def headline_text(chapter: Chapter, results: Optional[ChapterResults]) -> Optional[str]:
+    """'after 4.21 TB/s = 0.99 × copy limit, at fp32_N268435456', or None when not measured."""
+    if results is None or not chapter.headline_case:
+        return None
+    m = results.find(chapter.headline_case, chapter.headline_variant)
+    value = _throughput(m, chapter.metric) if m else None
+    if value is None:
+        return None
+    shown = format_flops(value) if chapter.metric == "flops" else format_bandwidth(value)
+    text = "%s %s" % (chapter.headline_variant, shown)
+    reference = results.find(chapter.headline_case, chapter.headline_reference)
+    fraction = _ratio(value, _throughput(reference, chapter.metric) if reference else None)
+    if fraction is not None:
+        text += " = %.2f × %s" % (fraction, _reference_label(chapter))
+    return text + ", at " + chapter.headline_case
+
+
+def _posix_relpath(path: str, start: str) -> str:
+    return os.path.relpath(path, start).replace(os.sep, "/")
+
+
+def render_chapter_map(results_dir: str, readme_path: str, chapters: Sequence[Chapter]) -> str:
+    """The lines between the chapter-map markers (without the markers): a table with one row per
+    chapter of tools/chapters.json, its headline figure from ``results_dir`` (or "not yet
+    measured") and links to the chapter folder and its results table."""
+    readme_dir = os.path.dirname(os.path.abspath(readme_path))
+    results_rel = _posix_relpath(os.path.abspath(results_dir), readme_dir)
+    metadata = load_metadata(results_dir)
+    rows = []
+    gpu = _clean(metadata.get("gpu"))
+    for chapter in chapters:
+        results = load_chapter_results(results_dir, chapter.id, metadata)
+        if results is not None and gpu is None:
+            gpu = _clean(results.info()["gpu"])
+        number = chapter.id[2:]
+        link = "[%s · %s](chapters/%s/)" % (number, chapter.title, chapter.dir)
+        figure = headline_text(chapter, results) or "not yet measured"
+        table = "[%s.md](%s/%s.md)" % (chapter.id, results_rel, chapter.id) if results is not None else DASH
+        rows.append("| %s | %s | %s |" % (link, figure, table))
+    where = gpu or os.path.basename(os.path.normpath(results_dir))
+    lines = [
+        "<!-- Generated by tools/kc_results.py chapter-map from tools/chapters.json and %s; "
+        "do not edit by hand. -->" % results_rel,
+        "| Chapter | Measured on %s | Results |" % where,
+        "|---|---|---|",
+    ] + rows
+    return "\n".join(lines) + "\n"
+
+
+def replace_marked_block(text: str, block: str) -> str:
+    """Returns ``text`` with the lines between MAP_BEGIN and MAP_END replaced by ``block``.
+    Raises ResultsError when the markers are missing, repeated or out of order."""
+    if text.count(MAP_BEGIN) != 1 or text.count(MAP_END) != 1:
+        raise ResultsError("expected exactly one %s and one %s" % (MAP_BEGIN, MAP_END))
+    begin = text.index(MAP_BEGIN)
+    end = text.index(MAP_END)
+    if end < begin:
+        raise ResultsError("%s comes before %s" % (MAP_END, MAP_BEGIN))
+    head = text[: begin + len(MAP_BEGIN)]
+    tail = text[end:]
+    return head + "\n" + block + tail
+
+
+def check_chapter_map(results_dir: str, readme_path: str, chapters: Sequence[Chapter]) -> Optional[str]:
+    """None when the README's chapter map is up to date, else a diff or message saying why not."""
+    current = read_text(readme_path)
+    if current is None:
+        return "%s does not exist\n" % readme_path
+    try:
+        expected = replace_marked_block(current, render_chapter_map(results_dir, readme_path, chapters))
+    except ResultsError as e:
+        return "%s: %s\n" % (readme_path, e)
+    if expected == current:
+        return None
+    return _diff(current, expected, readme_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# summary
+
+
+def _sort_key(m: Measurement) -> Tuple[Any, ...]:
+    if m.chapter is None:
+        return (1, natural_key(m.name), (), ())
+    return (0, natural_key(m.chapter), natural_key(m.case or ""), variant_key(m.variant or ""))
+
+
+def _plain_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> List[str]:
+    widths = [max(len(str(r[i])) for r in [header] + list(rows)) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        out = []
+        for i, cell in enumerate(cells):
+            out.append(cell.rjust(widths[i]) if right[i] else cell.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def render_summary(bench_files: Sequence[BenchFile]) -> str:
+    """A compact plain-text table of the benchmarks in ``bench_files`` (one block per file)."""
+    blocks = []
+    for bench_file in bench_files:
+        if not bench_file.measurements:
+            continue
+        context = bench_file.context
+        about = [v for v in (_clean(context.get("gpu")), _clean(context.get("library")),
+                             _clean(context.get("date"))) if v]
+        title = "== %s" % bench_file.source + (" (%s)" % ", ".join(about) if about else "")
+        rows = []
+        failed = []
+        has_flops = any(m.flops is not None for m in bench_file.measurements)
+        for m in sorted(bench_file.measurements, key=_sort_key):
+            if not m.measured:
+                failed.append("not measured: %s: %s" % (m.name, m.error))
+                continue
+            spread = DASH
+            if m.min_s is not None and m.max_s is not None:
+                spread = "%s–%s" % (format_time(m.min_s), format_time(m.max_s))
+            row = [
+                m.name,
+                format_time(m.time_s),
+                spread,
+                DASH if m.cv is None else "%.1f%%" % (m.cv * 100),
+                DASH if m.repetitions is None else str(m.repetitions),
+                DASH if m.bytes_per_second is None else format_sig(m.bytes_per_second / 1e9),
+            ]
+            if has_flops:
+                row.append(DASH if m.flops is None else format_sig(m.flops / 1e12))
+            rows.append(row)
+        header = ["benchmark", "median", "min–max", "cv", "reps", "GB/s"] + (["TFLOP/s"] if has_flops else [])
+        right = [False, True, True, True, True, True] + ([True] if has_flops else [])
+        table = _plain_table(header, rows, right) if rows else ["(no benchmark produced a time)"]
+        blocks.append("\n".join([title] + table + failed))
+    if not blocks:
+        return "no benchmark results in %s\n" % ", ".join(f.source for f in bench_files)
+    return "\n\n".join(blocks) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kc_results.py",
+        description="Tables, plots and checks for the Kernel Chapters benchmark results.")
+    parser.add_argument("--chapters-json", default=DEFAULT_CHAPTERS_JSON,
+                        help="chapter list (default: tools/chapters.json next to this script)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("generate", help="write chNN.md (and chNN.png) from chNN_bench.json files")
+    p.add_argument("--results-dir", required=True, help="e.g. docs/results/h200")
+    p.add_argument("--chapters", nargs="+", metavar="chNN", help="only these chapters")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+
+    p = sub.add_parser("check", help="exit 1 when the generated files differ from the JSON")
+    p.add_argument("--results-dir", required=True)
+    p.add_argument("--chapters", nargs="+", metavar="chNN", help="only these chapters")
+    p.add_argument("--readme", help="also check this README's chapter map")
+
+    p = sub.add_parser("chapter-map", help="rewrite the chapter map in the README")
+    p.add_argument("--results-dir", required=True)
+    p.add_argument("--readme", required=True)
+    p.add_argument("--check", action="store_true", help="only compare; exit 1 when out of date")
+
+    p = sub.add_parser("summary", help="print a plain-text table of benchmark JSON files")
+    p.add_argument("files", nargs="+", metavar="JSON_FILE")
+    return parser
+
+
+def _emit(text: str, stream=None) -> None:
+    """Writes text to stdout, replacing characters the terminal's encoding cannot show."""
+    stream = stream or sys.stdout
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, "replace").decode(encoding))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point; returns the exit status (0 ok, 1 out of date, 2 bad input)."""
+    args = _build_parser().parse_args(argv)
+    try:
+        if args.command == "summary":
+            _emit(render_summary([load_benchmark_file(p) for p in args.files]))
+            return 0
+        chapters = load_chapters(args.chapters_json)
+        if args.command == "generate":
+            generate(args.results_dir, chapters, args.chapters, plots=not args.no_plots)
+            return 0
+        if args.command == "check":
+            problems = check_pages(args.results_dir, chapters, args.chapters)
+            if args.readme:
+                readme_problem = check_chapter_map(args.results_dir, args.readme, chapters)
+                if readme_problem:
+                    problems.append(readme_problem)
+            for problem in problems:
+                _emit(problem)
+            if problems:
+                print("out of date: run `python3 tools/kc_results.py generate --results-dir %s`%s"
+                      % (args.results_dir,
+                         " and `chapter-map --results-dir %s --readme %s`" % (args.results_dir, args.readme)
+                         if args.readme else ""))
+                return 1
+            print("results in %s are up to date" % args.results_dir)
+            return 0
+        if args.command == "chapter-map":
+            if args.check:
+                problem = check_chapter_map(args.results_dir, args.readme, chapters)
+                if problem:
+                    _emit(problem)
+                    return 1
+                print("chapter map in %s is up to date" % args.readme)
+                return 0
+            current = read_text(args.readme)
+            if current is None:
+                raise ResultsError("%s does not exist" % args.readme)
+            updated = replace_marked_block(current, render_chapter_map(args.results_dir, args.readme, chapters))
+            if updated != current:
+                write_text(args.readme, updated)
+                print("updated the chapter map in %s" % args.readme)
+            else:
+                print("chapter map in %s is already up to date" % args.readme)
+            return 0
+    except ResultsError as e:
+        print("kc_results.py: error: %s" % e, file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""PyTorch baselines for the Kernel Chapters benchmarks.
+
+Times what a PyTorch user would write for each chapter's problem and writes ``DIR/chNN_pytorch.json``
+in the Google Benchmark JSON schema that ``tools/kc_results.py`` reads (variant ``pytorch``), so the
+results tables show PyTorch next to the course's own kernels.
+
+    python3 tools/pytorch_baselines.py --chapters ch01 --out docs/results/h200 [--repetitions 10]
+
+Timing: CUDA events around a batch of launches (one event pair cannot resolve a kernel of a few
+microseconds), the per-launch time being the batch's time over its launch count; inputs rotate over
+enough independent sets to exceed twice the L2 size (so every launch reads device memory); 3 warm-up
+samples, then ``--repetitions`` timed samples. Counters follow the course's convention:
+``bytes_per_second`` counts the case's fewest bytes, ``flops`` the useful floating-point operations.
+
+Each chapter is one function registered in ``BASELINES`` with ``@baseline("chNN")``; later chapters
+add theirs (softmax + top-k, ``torch._grouped_mm``, matmul) the same way.
+
+Without PyTorch or without a CUDA GPU the script says why and exits 0, writing nothing. The JSON
+building (``build_benchmark_json``) is plain Python and is tested without PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+WARMUP_SAMPLES = 3
+DEFAULT_REPETITIONS = 10
+MAX_ROTATION_BYTES = 8 << 30  # cap on the memory that rotating input sets may take
+TIME_UNIT = "us"
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure part: statistics and the Google Benchmark JSON schema (no PyTorch needed)
+
+
+@dataclass
+class CaseResult:
+    """The timed samples of one case of one chapter.
+
+    ``times_s`` holds one value per timed sample: the time per launch in seconds. ``min_bytes`` is
+    the case's fewest bytes (each input read once, each output written once); ``flop_count`` the
+    useful floating-point operations per launch (None where there is no math worth counting).
+    ``counters`` are extra constant values to record (e.g. launches per sample).
+    """
+
+    chapter: str
+    case: str
+    times_s: List[float]
+    min_bytes: float
+    flop_count: Optional[float] = None
+    cpu_times_s: Optional[List[float]] = None
+    variant: str = "pytorch"
+    counters: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def run_name(self) -> str:
+        """The benchmark name, as Google Benchmark would write it for a manual-time benchmark."""
+        return "%s/%s/%s/manual_time" % (self.chapter, self.variant, self.case)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def _stddev(values: Sequence[float]) -> float:
+    # Sample standard deviation (n - 1), as Google Benchmark computes it; 0 for a single value.
+    if len(values) < 2:
+        return 0.0
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _cv(values: Sequence[float]) -> float:
+    mean = _mean(values)
+    return _stddev(values) / mean if mean else 0.0
+
+
+STATISTICS: Dict[str, Callable[[Sequence[float]], float]] = {
+    "mean": _mean,
+    "median": _median,
+    "stddev": _stddev,
+    "cv": _cv,
+    "min": min,
+    "max": max,
+}
+
+
+def build_benchmark_json(context: Dict[str, Any], results: Sequence[CaseResult],
+                         time_unit: str = TIME_UNIT) -> Dict[str, Any]:
+    """Builds a Google Benchmark JSON document (aggregates only) from timed samples.
+
+    Like ``--benchmark_report_aggregates_only=true`` with the course's ``min``/``max`` statistics,
+    each case gets six entries (mean, median, stddev, cv, min, max). Each statistic is computed
+    over the samples for the time and, as Google Benchmark does, separately over the per-sample
+    rates for ``bytes_per_second`` and ``flops``; the cv entry holds fractions
+    (``aggregate_unit`` "percentage"). Raises ValueError for a case without samples or with a
+    non-positive time.
+    """
+    if time_unit not in _UNIT_SECONDS:
+        raise ValueError("time_unit must be one of %s" % sorted(_UNIT_SECONDS))
+    scale = _UNIT_SECONDS[time_unit]
+    benchmarks: List[Dict[str, Any]] = []
+    for family, result in enumerate(results):
+        times = list(result.times_s)
+        if not times:
+            raise ValueError("%s has no timed samples" % result.run_name)
+        if any(not (t > 0 and math.isfinite(t)) for t in times):
+            raise ValueError("%s has a time that is not a positive number" % result.run_name)
+        cpu = list(result.cpu_times_s) if result.cpu_times_s else times
+        if len(cpu) != len(times):
+            raise ValueError("%s: cpu_times_s and times_s differ in length" % result.run_name)
+        rates: Dict[str, List[float]] = {"bytes_per_second": [result.min_bytes / t for t in times]}
+        if result.flop_count is not None:
+            rates["flops"] = [result.flop_count / t for t in times]
+        n = len(times)
+        for aggregate, statistic in STATISTICS.items():
+            is_cv = aggregate == "cv"
+            entry: Dict[str, Any] = {
+                "name": "%s_%s" % (result.run_name, aggregate),
+                "family_index": family,
+                "per_family_instance_index": 0,
+                "run_name": result.run_name,
+                "run_type": "aggregate",
+                "repetitions": n,
+                "threads": 1,
+                "aggregate_name": aggregate,
+                "aggregate_unit": "percentage" if is_cv else "time",
+                "iterations": n,
+                "real_time": statistic(times) if is_cv else statistic(times) / scale,
+                "cpu_time": statistic(cpu) if is_cv else statistic(cpu) / scale,
+                "time_unit": time_unit,
+            }
+            for name, values in rates.items():
+                entry[name] = statistic(values)
+            for name, value in sorted(result.counters.items()):
+                constant = [float(value)] * n
+                entry[name] = statistic(constant)
+            benchmarks.append(entry)
+    return {"context": dict(context), "benchmarks": benchmarks}
+
+
+def base_context(library: str, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The JSON context: date (local time with offset, as Google Benchmark writes it), host,
+    executable, CPU count and the library name (e.g. "pytorch 2.11.0"), plus ``extra``."""
+    context: Dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds"),
+        "host_name": socket.gethostname(),
+        "executable": "tools/pytorch_baselines.py",
+        "num_cpus": os.cpu_count() or 0,
+        "library": library,
+    }
+    context.update(extra or {})
+    return context
+
+
+def rotation_sets(bytes_per_set: int, l2_bytes: int, max_total_bytes: int = MAX_ROTATION_BYTES) -> int:
+    """How many independent input/output sets to rotate so that together they exceed twice the L2
+    size; at least 1 and at most what fits in ``max_total_bytes``."""
+    if bytes_per_set <= 0:
+        return 1
+    wanted = (2 * max(0, l2_bytes)) // bytes_per_set + 1
+    affordable = max(1, max_total_bytes // bytes_per_set)
+    return max(1, min(wanted, affordable))
+
+
+def launches_per_sample(n: int, budget: int = 1 << 26, most: int = 1024) -> int:
+    """Launches in one timed sample for a problem of ``n`` elements: max(1, min(1024, 2^26 // n))."""
+    return max(1, min(most, budget // max(1, n)))
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU part (needs PyTorch)
+
+
+@dataclass
+class Env:
+    """What a chapter's baseline function gets: the torch module, the device, settings."""
+
+    torch: Any
+    device: Any
+    l2_bytes: int
+    repetitions: int
+    warmup: int = WARMUP_SAMPLES
+    seed: int = 1234
+    log: Callable[[str], None] = print
+
+
+def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) -> Dict[str, List[float]]:
+    """Times ``env.warmup`` + ``env.repetitions`` samples. A sample is ``batch`` calls, rotating
+    over ``launches`` (one callable per input set), between two CUDA events. Returns the per-launch
+    GPU times and host thread CPU times (seconds) of the timed samples."""
+    torch = env.torch
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    count = len(launches)
+    index = 0
+    times: List[float] = []
+    cpu_times: List[float] = []
+    for sample in range(env.warmup + env.repetitions):
+        cpu0 = time.thread_time()
+        start.record()
+        for _ in range(batch):
+            launches[index]()
+            index = index + 1 if index + 1 < count else 0
+        end.record()
+        end.synchronize()
+        cpu1 = time.thread_time()
+        if sample >= env.warmup:
+            times.append(start.elapsed_time(end) * 1e-3 / batch)
+            cpu_times.append((cpu1 - cpu0) / batch)
+    return {"times": times, "cpu_times": cpu_times}
+
+
+BaselineFn = Callable[[Env], List[CaseResult]]
+BASELINES: Dict[str, BaselineFn] = {}
+
+
+def baseline(chapter_id: str) -> Callable[[BaselineFn], BaselineFn]:
+    """Registers a chapter's baseline function under ``chapter_id`` (e.g. "ch01")."""
+
+    def register(fn: BaselineFn) -> BaselineFn:
+        BASELINES[chapter_id] = fn
+        return fn
+
+    return register
+
+
+CH01_SIZES = [1 << k for k in range(16, 29, 2)]  # 2^16 ... 2^28 floats
+
+
+@baseline("ch01")
+def ch01_vector_add(env: Env) -> List[CaseResult]:
+    """c = a + b on float32 vectors with ``torch.add(a, b, out=c)``; min_bytes = 12 n."""
+    torch = env.torch
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed)
+    results = []
+    for n in CH01_SIZES:
+        set_bytes = 3 * 4 * n
+        sets = rotation_sets(set_bytes, env.l2_bytes)
+        batch = launches_per_sample(n)
+        tensors = []
+        for _ in range(sets):
+            # Uniform random in [-1, 1), like the C++ benchmark: never an all-zero input.
+            a = torch.empty(n, device=env.device, dtype=torch.float32).uniform_(-1.0, 1.0, generator=generator)
+            b = torch.empty(n, device=env.device, dtype=torch.float32).uniform_(-1.0, 1.0, generator=generator)
+            c = torch.empty(n, device=env.device, dtype=torch.float32)
+            tensors.append((a, b, c))
+        launches = [functools.partial(torch.add, a, b, out=c) for a, b, c in tensors]
+        # Check once, before any timing, that the operation computes what the chapter computes.
+        a, b, c = tensors[0]
+        launches[0]()
+        if not torch.equal(c, a + b):
+            raise RuntimeError("torch.add gave a wrong result for n=%d" % n)
+        timed = time_samples(env, launches, batch)
+        results.append(CaseResult(chapter="ch01", case="fp32_N%d" % n, times_s=timed["times"],
+                                  cpu_times_s=timed["cpu_times"], min_bytes=12.0 * n,
+                                  counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+        env.log("ch01 fp32_N%d: median %.2f us per launch (%d sets, %d launches per sample)"
+                % (n, _median(timed["times"]) * 1e6, sets, batch))
+        del tensors, launches, a, b, c
+        torch.cuda.empty_cache()
+    return results
+
+
+def _gpu_unavailable_reason() -> Optional[str]:
+    try:
+        import torch  # noqa: F401 (optional dependency)
+    except ImportError as e:
+        return "PyTorch is not installed (%s)" % e
+    try:
+        if not torch.cuda.is_available():
+            return "PyTorch %s sees no CUDA GPU" % torch.__version__
+        torch.cuda.get_device_properties(0)
+    except Exception as e:  # a broken driver shows up here in many forms
+        return "PyTorch cannot use the GPU (%s)" % e
+    return None
+
+
+def run(chapters: Sequence[str], out_dir: str, repetitions: int, log: Callable[[str], None] = print) -> List[str]:
+    """Runs the baselines of ``chapters`` and writes ``out_dir/chNN_pytorch.json``; returns the
+    paths written. Call only when PyTorch and a GPU are available."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0)
+    env = Env(torch=torch, device=torch.device("cuda", 0), l2_bytes=l2_bytes, repetitions=repetitions, log=log)
+    context = base_context("pytorch %s" % torch.__version__, {
+        "gpu": props.name,
+        "gpu_arch": "sm_%d%d" % (props.major, props.minor),
+        "gpu_sms": str(props.multi_processor_count),
+        "gpu_l2_bytes": str(l2_bytes),
+        "cuda_runtime": str(torch.version.cuda),
+    })
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for chapter_id in chapters:
+        results = BASELINES[chapter_id](env)
+        doc = build_benchmark_json(context, results)
+        path = os.path.join(out_dir, "%s_pytorch.json" % chapter_id)
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        log("wrote %s" % path)
+        written.append(path)
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point. Exits 0 when PyTorch or a GPU is missing (writing nothing)."""
+    parser = argparse.ArgumentParser(prog="pytorch_baselines.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chapters", nargs="+", metavar="chNN", default=None,
+                        help="chapters to run (default: all with a baseline: %s)" % " ".join(sorted(BASELINES)))
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for chNN_pytorch.json")
+    parser.add_argument("--repetitions", type=int, default=DEFAULT_REPETITIONS,
+                        help="timed samples per case (default %d)" % DEFAULT_REPETITIONS)
+    args = parser.parse_args(argv)
+    if args.repetitions < 1:
+        parser.error("--repetitions must be >= 1")
+    chapters = args.chapters or sorted(BASELINES)
+    unknown = [c for c in chapters if c not in BASELINES]
+    for chapter_id in unknown:
+        print("pytorch_baselines: no PyTorch baseline for %s; skipped" % chapter_id)
+    chapters = [c for c in chapters if c in BASELINES]
+    if not chapters:
+        print("pytorch_baselines: nothing to run")
+        return 0
+    reason = _gpu_unavailable_reason()
+    if reason:
+        print("pytorch_baselines: %s; nothing written" % reason)
+        return 0
+    written = run(chapters, args.out, args.repetitions)
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import kc_results
+
+        kc_results._emit(kc_results.render_summary([kc_results.load_benchmark_file(p) for p in written]))
+    except Exception as e:  # the summary is a convenience; the JSON is what matters
+        print("pytorch_baselines: could not print the summary (%s)" % e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

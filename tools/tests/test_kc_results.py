@@ -1,0 +1,517 @@
+"""Tests of tools/kc_results.py on real Google Benchmark 1.7 and 1.8 JSON (no GPU, no matplotlib).
+
+The fixtures gbench_1.7.json and gbench_1.8.json were written by the program in
+data/gbench_fixture.cc, built once against Google Benchmark 1.7.1 and once against 1.8.3. It spins
+the CPU for 20 µs per iteration but reports a different manual time, so the tests can tell whether
+a rate was divided by the manual time (it was, in both versions) or by the CPU time.
+
+Set KC_UPDATE_GOLDEN=1 to rewrite data/expected_ch01.md after an intended change of the layout.
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+DATA_DIR = os.path.join(TESTS_DIR, "data")
+TOOLS_DIR = os.path.dirname(TESTS_DIR)
+if TOOLS_DIR not in sys.path:
+    sys.path.insert(0, TOOLS_DIR)
+
+import kc_results as kr  # noqa: E402
+import pytorch_baselines as pb  # noqa: E402
+
+CASES = ["fp32_N65536", "fp32_N1048576"]
+VARIANTS = ["before", "step1_coalesced", "after", "vendor", "limit"]
+
+
+def data(name):
+    return os.path.join(DATA_DIR, name)
+
+
+def pytorch_fixture():
+    """A deterministic chNN_pytorch.json document for the fixture cases."""
+    context = {"date": "2026-11-30T05:30:00+00:00", "host_name": "gpu-host",
+               "executable": "tools/pytorch_baselines.py", "num_cpus": 16,
+               "library": "pytorch 2.11.0+cu130", "gpu": "NVIDIA H200"}
+    results = [
+        pb.CaseResult(chapter="ch01", case="fp32_N65536", times_s=[9.1e-6, 8.9e-6, 9.0e-6, 9.4e-6],
+                      min_bytes=12.0 * 65536),
+        pb.CaseResult(chapter="ch01", case="fp32_N1048576", times_s=[110e-6, 108e-6, 111e-6, 109e-6],
+                      min_bytes=12.0 * 1048576),
+    ]
+    return pb.build_benchmark_json(context, results)
+
+
+def make_results_dir(root, with_pytorch=True, with_metadata=True):
+    """A results folder like docs/results/h200 built from the fixtures."""
+    os.makedirs(root, exist_ok=True)
+    shutil.copy(data("gbench_1.8.json"), os.path.join(root, "ch01_bench.json"))
+    if with_pytorch:
+        with open(os.path.join(root, "ch01_pytorch.json"), "w", encoding="utf-8") as f:
+            json.dump(pytorch_fixture(), f, indent=2)
+    if with_metadata:
+        shutil.copy(data("metadata_h200.json"), os.path.join(root, "metadata.json"))
+    return root
+
+
+def fixture_chapters(case="fp32_N1048576"):
+    return [kr.Chapter(id="ch01", dir="01_vector_add", title="Vector add", headline_case=case,
+                       headline_variant="after", headline_reference="limit", metric="bandwidth")]
+
+
+def table_rows(text):
+    """(case, variant, cells) for each row of a generated table; the case carries down its group."""
+    rows = []
+    case = None
+    for line in text.splitlines():
+        if not line.startswith("| ") or "`" not in line:
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        case = cells[0].strip("`") or case
+        rows.append((case, cells[1].strip("`"), cells))
+    return rows
+
+
+def run_main(argv):
+    out = io.StringIO()
+    err = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = kr.main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+class NamesTest(unittest.TestCase):
+    def test_suffixes_are_stripped(self):
+        for name in ["ch01/after/fp32_N1024/manual_time",
+                     "ch01/after/fp32_N1024/real_time",
+                     "ch01/after/fp32_N1024/iterations:10/repeats:3/manual_time/threads:1",
+                     "ch01/after/fp32_N1024/min_time:0.100/min_warmup_time:0.500/real_time",
+                     "ch01/after/fp32_N1024/min_time:0.1s/process_time/real_time",
+                     "ch01/after/fp32_N1024"]:
+            self.assertEqual(kr.parse_run_name(name), ("ch01", "after", "fp32_N1024"), name)
+
+    def test_names_outside_the_convention(self):
+        self.assertIsNone(kr.parse_run_name("BM_memcpy/1024/manual_time"))
+        self.assertIsNone(kr.parse_run_name("ch01/after/manual_time"))
+        self.assertIsNone(kr.parse_run_name("chapter1/after/x"))
+
+    def test_case_with_slashes_is_kept_whole(self):
+        self.assertEqual(kr.parse_run_name("ch05/after/G8/1024/manual_time"), ("ch05", "after", "G8/1024"))
+
+    def test_natural_order_of_cases(self):
+        cases = ["fp32_N268435456", "fp32_N65536", "fp32_N1048576", "bf16_N65536", "fp32_N262144"]
+        self.assertEqual(sorted(cases, key=kr.natural_key),
+                         ["bf16_N65536", "fp32_N65536", "fp32_N262144", "fp32_N1048576", "fp32_N268435456"])
+        shapes = ["bf16_M4096_N4096_K4096", "bf16_M128_N4096_K7168", "bf16_M16_N4096_K7168"]
+        self.assertEqual(sorted(shapes, key=kr.natural_key),
+                         ["bf16_M16_N4096_K7168", "bf16_M128_N4096_K7168", "bf16_M4096_N4096_K4096"])
+
+    def test_variant_order(self):
+        shuffled = ["limit", "vendor_cublaslt", "pytorch", "after", "uncoalesced", "step10_persistent",
+                    "before", "vendor", "step2_tiled", "fused_naive"]
+        self.assertEqual(sorted(shuffled, key=kr.variant_key),
+                         ["before", "step2_tiled", "step10_persistent", "after", "fused_naive", "uncoalesced",
+                          "vendor", "vendor_cublaslt", "pytorch", "limit"])
+
+
+class ParseTest(unittest.TestCase):
+    def check_fixture(self, path):
+        parsed = kr.load_benchmark_file(path)
+        measured = {(m.variant, m.case): m for m in parsed.measurements if m.measured}
+        self.assertEqual(set(measured), {(v, c) for v in VARIANTS for c in CASES})
+        for (variant, case), m in measured.items():
+            n = int(case.split("_N")[1])
+            min_bytes = (16 if variant == "limit" else 12) * n
+            self.assertEqual(m.chapter, "ch01")
+            self.assertEqual(m.repetitions, 5)
+            self.assertLessEqual(m.min_s, m.time_s)
+            self.assertLessEqual(m.time_s, m.max_s)
+            self.assertGreater(m.cv, 0.0)
+            self.assertLess(m.cv, 0.1)
+            # The fixture's manual times are 6-27 µs (N65536) and 95-432 µs (N1048576), whatever
+            # unit (ns, ms) each benchmark was reported in.
+            self.assertTrue(5e-6 < m.time_s < 5e-4, (variant, case, m.time_s))
+            # The finding behind the whole tool: bytes_per_second and flops are divided by the
+            # manual time, not the CPU time (20 µs per iteration in the fixture program).
+            self.assertAlmostEqual(m.bytes_per_second * m.time_s / min_bytes, 1.0, places=9)
+            self.assertAlmostEqual(m.flops * m.time_s / n, 1.0, places=9)
+        errors = [m for m in parsed.measurements if not m.measured]
+        self.assertEqual(len(errors), 1)
+        self.assertEqual((errors[0].variant, errors[0].case), ("vendor_cub", "fp32_N65536"))
+        self.assertEqual(errors[0].error, "needs a GPU of sm_90 or newer")
+        self.assertEqual(parsed.context.get("gpu"), "fake GPU (fixture)")
+        return parsed
+
+    def test_google_benchmark_1_7(self):
+        self.check_fixture(data("gbench_1.7.json"))
+
+    def test_google_benchmark_1_8(self):
+        self.check_fixture(data("gbench_1.8.json"))
+
+    def test_cpu_time_differs_from_manual_time_in_fixtures(self):
+        # Guards the test above: if the fixture's CPU time equalled its manual time, the rate test
+        # could not tell them apart.
+        with open(data("gbench_1.8.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+        entry = next(b for b in doc["benchmarks"]
+                     if b["run_name"].startswith("ch01/after/fp32_N1048576") and b["aggregate_name"] == "median")
+        self.assertGreater(entry["real_time"] / entry["cpu_time"], 2.0)
+
+    def test_iterations_without_aggregates(self):
+        doc = {"context": {}, "benchmarks": [
+            {"name": "ch02/after/bf16_M8/manual_time", "run_name": "ch02/after/bf16_M8/manual_time",
+             "run_type": "iteration", "repetitions": 3, "repetition_index": i, "iterations": 100,
+             "real_time": t, "cpu_time": 1.0, "time_unit": "us", "flops": 8e12 / t}
+            for i, t in enumerate([10.0, 12.0, 11.0])]}
+        m = kr.parse_benchmark_json(doc).measurements[0]
+        self.assertAlmostEqual(m.time_s, 11e-6)
+        self.assertAlmostEqual(m.min_s, 10e-6)
+        self.assertAlmostEqual(m.max_s, 12e-6)
+        self.assertEqual(m.repetitions, 3)
+        self.assertAlmostEqual(m.flops, 8e12 / 11.0)
+        self.assertAlmostEqual(m.cv, 1.0 / 11.0)
+        self.assertIsNone(m.bytes_per_second)
+
+    def test_skipped_with_message(self):
+        doc = {"benchmarks": [{"name": "ch07/after/x/manual_time", "run_name": "ch07/after/x/manual_time",
+                               "run_type": "iteration", "skipped": True, "skip_message": "needs sm_90a",
+                               "iterations": 0, "real_time": 0, "cpu_time": 0, "time_unit": "ns"}]}
+        m = kr.parse_benchmark_json(doc).measurements[0]
+        self.assertFalse(m.measured)
+        self.assertEqual(m.error, "needs sm_90a")
+
+    def test_unknown_time_unit_is_an_error(self):
+        doc = {"benchmarks": [{"name": "ch01/after/x", "run_type": "iteration", "real_time": 1,
+                               "time_unit": "fortnights"}]}
+        with self.assertRaises(kr.ResultsError):
+            kr.parse_benchmark_json(doc)
+
+    def test_bad_files(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "broken.json")
+            with open(path, "w") as f:
+                f.write("{not json")
+            with self.assertRaises(kr.ResultsError):
+                kr.load_benchmark_file(path)
+            with self.assertRaises(kr.ResultsError):
+                kr.load_benchmark_file(os.path.join(tmp, "missing.json"))
+
+
+class FormatTest(unittest.TestCase):
+    def test_times(self):
+        self.assertEqual(kr.format_time(6.5e-6), "6.50 µs")
+        self.assertEqual(kr.format_time(103.4e-6), "103 µs")
+        self.assertEqual(kr.format_time(999.9e-6), "1.00 ms")
+        self.assertEqual(kr.format_time(812e-9), "812 ns")
+        self.assertEqual(kr.format_time(2.5), "2.50 s")
+        self.assertEqual(kr.format_time(None), "—")
+
+    def test_rates(self):
+        self.assertEqual(kr.format_bandwidth(4.2137e12), "4.21 TB/s")
+        self.assertEqual(kr.format_bandwidth(812.4e9), "812 GB/s")
+        self.assertEqual(kr.format_flops(745.2e12), "745 TFLOP/s")
+        self.assertEqual(kr.format_flops(51.23e12), "51.2 TFLOP/s")
+        self.assertEqual(kr.format_sig(0.01234), "0.0123")
+        self.assertEqual(kr.format_sig(4214.4), "4214")
+
+    def test_spread(self):
+        m = kr.Measurement(name="x", chapter="ch01", variant="after", case="c", source="s",
+                           time_s=103e-6, min_s=100e-6, max_s=106e-6, cv=0.0261)
+        self.assertEqual(kr.format_spread(m), "100–106 µs, cv 2.6%")
+
+
+class MetadataTest(unittest.TestCase):
+    def test_missing_metadata_is_unknown(self):
+        merged = kr.merge_metadata(None, [])
+        self.assertEqual(set(merged.values()), {"unknown"})
+        self.assertIn("sm_clock_mhz_under_load", merged)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assertEqual(kr.load_metadata(tmp), {})
+
+    def test_context_first_then_metadata(self):
+        metadata = {"gpu": "NVIDIA H200", "commit": "meta", "driver": "580.159.04",
+                    "sm_clock_mhz_under_load": 1980, "power_limit_w": 700.0, "mem_clock_mhz": 3201.5}
+        context = {"gpu": "NVIDIA H200 (from context)", "commit": "unknown", "cuda_runtime": "13.0",
+                   "gpu_sm_clock_max_mhz": "1980"}
+        merged = kr.merge_metadata(metadata, [context])
+        self.assertEqual(merged["gpu"], "NVIDIA H200 (from context)")
+        self.assertEqual(merged["commit"], "meta")  # "unknown" in the context does not count
+        self.assertEqual(merged["cuda"], "13.0")
+        self.assertEqual(merged["driver"], "580.159.04")
+        self.assertEqual(merged["sm_clock_mhz_under_load"], "1980")
+        self.assertEqual(merged["sm_clock_max_mhz"], "1980")
+        self.assertEqual(merged["power_limit_w"], "700")
+        self.assertEqual(merged["mem_clock_mhz"], "3201.5")
+        self.assertEqual(merged["notes"], "unknown")
+        # The device's maximum memory clock (context) only fills in when metadata has no reading.
+        context["gpu_mem_clock_max_mhz"] = "3201"
+        self.assertEqual(kr.merge_metadata(metadata, [context])["mem_clock_mhz"], "3201.5")
+        self.assertEqual(kr.merge_metadata({}, [context])["mem_clock_mhz"], "3201")
+
+    def test_invalid_metadata_is_an_error(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "metadata.json"), "w") as f:
+                f.write("[1, 2]")
+            with self.assertRaises(kr.ResultsError):
+                kr.load_metadata(tmp)
+
+
+class GenerateTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.results = make_results_dir(os.path.join(self.tmp, "h200"))
+        self.chapters_json = os.path.join(self.tmp, "chapters.json")
+        with open(self.chapters_json, "w") as f:
+            json.dump([{"id": "ch01", "dir": "01_vector_add", "title": "Vector add",
+                        "headline": {"case": "fp32_N1048576", "variant": "after", "reference": "limit",
+                                     "metric": "bandwidth"}}], f)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def generate(self):
+        return run_main(["--chapters-json", self.chapters_json, "generate", "--results-dir", self.results,
+                         "--no-plots"])
+
+    def page(self):
+        with open(os.path.join(self.results, "ch01.md"), encoding="utf-8") as f:
+            return f.read()
+
+    def test_golden_page(self):
+        status, out, _ = self.generate()
+        self.assertEqual(status, 0)
+        self.assertIn("ch01.md", out)
+        text = self.page()
+        golden = data("expected_ch01.md")
+        if os.environ.get("KC_UPDATE_GOLDEN"):
+            kr.write_text(golden, text)
+        with open(golden, encoding="utf-8", newline="") as f:
+            self.assertEqual(text, f.read())
+
+    def test_page_content(self):
+        self.generate()
+        text = self.page()
+        lines = text.splitlines()
+        self.assertTrue(lines[0].startswith("<!-- Generated by tools/kc_results.py from ch01_bench.json, "
+                                            "ch01_pytorch.json, metadata.json"))
+        self.assertTrue(lines[2].startswith("# ch01 · Vector add"))
+        # The chapter's own JSON context wins (its gpu is "fake GPU (fixture)"); metadata.json fills
+        # in what the context lacks.
+        for expected in ["on fake GPU (fixture)", "580.159.04", "CUDA 13.0", "fixture for the tools tests", "1980 MHz", "3201 MHz", "700 W", "commit 0123abc",
+                         "median of 4–5 repetitions", "pytorch 2.11.0+cu130"]:
+            self.assertIn(expected, text)
+        rows = table_rows(text)
+        self.assertEqual([v for _, v, _ in rows],
+                         ["before", "step1_coalesced", "after", "vendor", "pytorch", "limit"] * 2)
+        # Natural order: 65536 before 1048576; the case is written on the first row of its group.
+        self.assertEqual([c for c, _, _ in rows], ["fp32_N65536"] * 6 + ["fp32_N1048576"] * 6)
+        self.assertEqual(rows[1][2][0], "")
+        self.assertEqual(rows[5][2][5], "1.00")  # limit over itself
+        self.assertEqual(rows[0][2][6], "1.00×")  # before over itself
+        self.assertIn("`vendor_cub` at `fp32_N65536`: needs a GPU of sm_90 or newer", text)
+
+    def test_fraction_and_speedup_values(self):
+        self.generate()
+        results = kr.load_chapter_results(self.results, "ch01")
+        after = results.find("fp32_N1048576", "after")
+        limit = results.find("fp32_N1048576", "limit")
+        before = results.find("fp32_N1048576", "before")
+        row = next(cells for case, variant, cells in table_rows(self.page())
+                   if case == "fp32_N1048576" and variant == "after")
+        self.assertEqual(row[2], kr.format_time(after.time_s))
+        self.assertEqual(row[4], kr.format_sig(after.bytes_per_second / 1e9))
+        self.assertEqual(row[5], "%.2f" % (after.bytes_per_second / limit.bytes_per_second))
+        self.assertEqual(row[6], "%.2f×" % (before.time_s / after.time_s))
+
+    def test_deterministic_and_check(self):
+        self.generate()
+        first = self.page()
+        self.generate()
+        self.assertEqual(first, self.page())
+        status, out, _ = run_main(["--chapters-json", self.chapters_json, "check", "--results-dir", self.results])
+        self.assertEqual(status, 0, out)
+
+    def test_check_reports_a_changed_table(self):
+        self.generate()
+        path = os.path.join(self.results, "ch01.md")
+        kr.write_text(path, self.page().replace("Median time", "Mean time"))
+        status, out, _ = run_main(["--chapters-json", self.chapters_json, "check", "--results-dir", self.results])
+        self.assertEqual(status, 1)
+        self.assertIn("-| Case | Variant | Mean time", out)
+        self.assertIn("+| Case | Variant | Median time", out)
+
+    def test_check_reports_missing_and_stale_tables(self):
+        status, out, _ = run_main(["--chapters-json", self.chapters_json, "check", "--results-dir", self.results])
+        self.assertEqual(status, 1)
+        self.assertIn("ch01.md", out)
+        self.generate()
+        kr.write_text(os.path.join(self.results, "ch02.md"), "old\n")
+        status, out, _ = run_main(["--chapters-json", self.chapters_json, "check", "--results-dir", self.results])
+        self.assertEqual(status, 1)
+        self.assertIn("ch02.md has no ch02_bench.json", out)
+
+    def test_without_metadata_or_pytorch(self):
+        bare = make_results_dir(os.path.join(self.tmp, "bare"), with_pytorch=False, with_metadata=False)
+        pages = kr.expected_pages(bare, kr.load_chapters(self.chapters_json))
+        text = pages["ch01.md"]
+        self.assertIn("from ch01_bench.json in this folder", text)
+        self.assertIn("driver unknown", text)
+        self.assertNotIn("pytorch", text)
+
+    def test_empty_or_missing_results_dir(self):
+        status, out, _ = run_main(["--chapters-json", self.chapters_json, "check", "--results-dir",
+                                   os.path.join(self.tmp, "nothing-here")])
+        self.assertEqual(status, 0, out)
+
+    def test_plots_follow_matplotlib(self):
+        status, out, _ = run_main(["--chapters-json", self.chapters_json, "generate", "--results-dir", self.results])
+        self.assertEqual(status, 0)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.assertIn("matplotlib is not installed: skipping plots", out)
+            self.assertFalse(os.path.exists(os.path.join(self.results, "ch01.png")))
+        else:
+            self.assertTrue(os.path.exists(os.path.join(self.results, "ch01.png")))
+
+    def test_flops_metric_table(self):
+        chapters = [kr.Chapter(id="ch01", dir="d", title="t", headline_case="fp32_N65536", metric="flops")]
+        text = kr.expected_pages(self.results, chapters)["ch01.md"]
+        self.assertIn("| TFLOP/s |", text)
+
+
+class ChapterMapTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.results = make_results_dir(os.path.join(self.tmp, "docs", "results", "h200"))
+        self.readme = os.path.join(self.tmp, "README.md")
+        shutil.copy(data("readme_with_map.md"), self.readme)
+        self.chapters_json = os.path.join(self.tmp, "chapters.json")
+        with open(self.chapters_json, "w") as f:
+            json.dump([
+                {"id": "ch01", "dir": "01_vector_add", "title": "Vector add",
+                 "headline": {"case": "fp32_N1048576", "variant": "after", "reference": "limit",
+                              "metric": "bandwidth"}},
+                {"id": "ch02", "dir": "02_tiled_matmul", "title": "Tiled matmul",
+                 "headline": {"case": "fp32_M4096_N4096_K4096", "variant": "after", "reference": "vendor",
+                              "metric": "flops"}},
+            ], f)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def readme_text(self):
+        with open(self.readme, encoding="utf-8") as f:
+            return f.read()
+
+    def test_rewrite_and_check(self):
+        args = ["--chapters-json", self.chapters_json, "chapter-map", "--results-dir", self.results,
+                "--readme", self.readme]
+        status, _, _ = run_main(args + ["--check"])
+        self.assertEqual(status, 1)
+        status, out, _ = run_main(args)
+        self.assertEqual(status, 0, out)
+        text = self.readme_text()
+        self.assertNotIn("stale content", text)
+        self.assertTrue(text.startswith("# Kernel Chapters (test fixture)\n\nSome text before the map.\n"))
+        self.assertTrue(text.endswith("<!-- chapter-map:end -->\n\nSome text after the map.\n"))
+        results = kr.load_chapter_results(self.results, "ch01")
+        after = results.find("fp32_N1048576", "after")
+        limit = results.find("fp32_N1048576", "limit")
+        expected = "after %s = %.2f × copy limit, at fp32_N1048576" % (
+            kr.format_bandwidth(after.bytes_per_second), after.bytes_per_second / limit.bytes_per_second)
+        self.assertIn("| [01 · Vector add](chapters/01_vector_add/) | %s | [ch01.md](docs/results/h200/ch01.md) |"
+                      % expected, text)
+        self.assertIn("| [02 · Tiled matmul](chapters/02_tiled_matmul/) | not yet measured | — |", text)
+        self.assertIn("Measured on NVIDIA H200", text)
+        status, out, _ = run_main(args + ["--check"])
+        self.assertEqual(status, 0, out)
+        status, out, _ = run_main(args)
+        self.assertEqual(status, 0)
+        self.assertIn("already up to date", out)
+
+    def test_check_subcommand_with_readme(self):
+        run_main(["--chapters-json", self.chapters_json, "generate", "--results-dir", self.results, "--no-plots"])
+        args = ["--chapters-json", self.chapters_json, "check", "--results-dir", self.results, "--readme", self.readme]
+        status, out, _ = run_main(args)
+        self.assertEqual(status, 1)
+        self.assertIn("stale content", out)
+        run_main(["--chapters-json", self.chapters_json, "chapter-map", "--results-dir", self.results,
+                  "--readme", self.readme])
+        status, out, _ = run_main(args)
+        self.assertEqual(status, 0, out)
+
+    def test_missing_markers(self):
+        kr.write_text(self.readme, "# no map here\n")
+        args = ["--chapters-json", self.chapters_json, "chapter-map", "--results-dir", self.results,
+                "--readme", self.readme]
+        status, _, err = run_main(args)
+        self.assertEqual(status, 2)
+        self.assertIn("chapter-map:begin", err)
+        status, out, _ = run_main(args + ["--check"])
+        self.assertEqual(status, 1)
+
+    def test_headline_without_results(self):
+        chapter = kr.load_chapters(self.chapters_json)[0]
+        self.assertIsNone(kr.headline_text(chapter, None))
+
+
+class SummaryTest(unittest.TestCase):
+    def test_summary_of_both_versions(self):
+        status, out, _ = run_main(["summary", data("gbench_1.7.json"), data("gbench_1.8.json")])
+        self.assertEqual(status, 0)
+        self.assertIn("== gbench_1.7.json", out)
+        self.assertIn("== gbench_1.8.json", out)
+        self.assertIn("ch01/after/fp32_N1048576", out)
+        self.assertIn("not measured: ch01/vendor_cub/fp32_N65536: needs a GPU of sm_90 or newer", out)
+        lines = out.splitlines()
+        names = [l.split()[0] for l in lines if l.startswith("ch01/")]
+        self.assertEqual(names[:5], ["ch01/before/fp32_N65536", "ch01/step1_coalesced/fp32_N65536",
+                                     "ch01/after/fp32_N65536", "ch01/vendor/fp32_N65536", "ch01/limit/fp32_N65536"])
+
+    def test_summary_without_benchmarks(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "empty.json")
+            with open(path, "w") as f:
+                json.dump({"context": {}, "benchmarks": []}, f)
+            status, out, _ = run_main(["summary", path])
+        self.assertEqual(status, 0)
+        self.assertIn("no benchmark results in empty.json", out)
+
+    def test_summary_of_missing_file(self):
+        status, _, err = run_main(["summary", os.path.join(DATA_DIR, "does-not-exist.json")])
+        self.assertEqual(status, 2)
+        self.assertIn("cannot read", err)
+
+
+class ChaptersJsonTest(unittest.TestCase):
+    def test_repository_chapter_list(self):
+        chapters = kr.load_chapters()
+        self.assertGreaterEqual(len(chapters), 1)
+        first = chapters[0]
+        self.assertEqual((first.id, first.dir, first.title), ("ch01", "01_vector_add", "Vector add"))
+        self.assertEqual((first.headline_case, first.headline_variant, first.headline_reference, first.metric),
+                         ("fp32_N268435456", "after", "limit", "bandwidth"))
+        ids = [c.id for c in chapters]
+        self.assertEqual(len(ids), len(set(ids)))
+
+    def test_invalid_chapter_list(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "chapters.json")
+            for content in ['{"id": "ch01"}', '[{"id": "ch01", "dir": "x"}]',
+                            '[{"id": "one", "dir": "x", "title": "t"}]',
+                            '[{"id": "ch01", "dir": "x", "title": "t", "headline": {"metric": "speed"}}]']:
+                with open(path, "w") as f:
+                    f.write(content)
+                with self.assertRaises(kr.ResultsError, msg=content):
+                    kr.load_chapters(path)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,181 @@
+"""Tests of tools/pytorch_baselines.py that need neither PyTorch nor a GPU: the JSON it writes,
+the sizing rules, the chapter registry and the no-GPU exit."""
+
+import contextlib
+import io
+import math
+import os
+import sys
+import tempfile
+import unittest
+from unittest import mock
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TOOLS_DIR = os.path.dirname(TESTS_DIR)
+if TOOLS_DIR not in sys.path:
+    sys.path.insert(0, TOOLS_DIR)
+
+import kc_results as kr  # noqa: E402
+import pytorch_baselines as pb  # noqa: E402
+
+CONTEXT = {"date": "2026-11-30T05:30:00+00:00", "host_name": "h", "library": "pytorch 2.11.0"}
+
+
+def aggregates(doc, run_name):
+    return {b["aggregate_name"]: b for b in doc["benchmarks"] if b["run_name"] == run_name}
+
+
+class BuildJsonTest(unittest.TestCase):
+    def setUp(self):
+        self.result = pb.CaseResult(chapter="ch01", case="fp32_N1024", times_s=[1e-6, 2e-6, 3e-6, 4e-6],
+                                    min_bytes=12.0 * 1024, flop_count=1024.0, counters={"launches_per_sample": 64.0})
+        self.doc = pb.build_benchmark_json(CONTEXT, [self.result])
+
+    def test_schema(self):
+        self.assertEqual(self.doc["context"], CONTEXT)
+        entries = aggregates(self.doc, "ch01/pytorch/fp32_N1024/manual_time")
+        self.assertEqual(sorted(entries), ["cv", "max", "mean", "median", "min", "stddev"])
+        for name, entry in entries.items():
+            self.assertEqual(entry["name"], "ch01/pytorch/fp32_N1024/manual_time_" + name)
+            self.assertEqual(entry["run_type"], "aggregate")
+            self.assertEqual(entry["repetitions"], 4)
+            self.assertEqual(entry["time_unit"], "us")
+            self.assertEqual(entry["aggregate_unit"], "percentage" if name == "cv" else "time")
+
+    def test_statistics_like_google_benchmark(self):
+        entries = aggregates(self.doc, "ch01/pytorch/fp32_N1024/manual_time")
+        self.assertAlmostEqual(entries["median"]["real_time"], 2.5)
+        self.assertAlmostEqual(entries["mean"]["real_time"], 2.5)
+        self.assertAlmostEqual(entries["min"]["real_time"], 1.0)
+        self.assertAlmostEqual(entries["max"]["real_time"], 4.0)
+        sample_stddev = math.sqrt(5.0 / 3.0)  # n - 1 in the denominator
+        self.assertAlmostEqual(entries["stddev"]["real_time"], sample_stddev)
+        self.assertAlmostEqual(entries["cv"]["real_time"], sample_stddev / 2.5)
+        # Rates are statistics of the per-sample rates: the min rate comes from the slowest sample.
+        self.assertAlmostEqual(entries["min"]["bytes_per_second"], 12.0 * 1024 / 4e-6)
+        self.assertAlmostEqual(entries["max"]["bytes_per_second"], 12.0 * 1024 / 1e-6)
+        self.assertAlmostEqual(entries["median"]["flops"], (1024 / 2e-6 + 1024 / 3e-6) / 2)
+        self.assertEqual(entries["median"]["launches_per_sample"], 64.0)
+        self.assertEqual(entries["stddev"]["launches_per_sample"], 0.0)
+
+    def test_round_trip_through_kc_results(self):
+        parsed = kr.parse_benchmark_json(self.doc, "ch01_pytorch.json")
+        m = parsed.measurements[0]
+        self.assertEqual((m.chapter, m.variant, m.case), ("ch01", "pytorch", "fp32_N1024"))
+        self.assertAlmostEqual(m.time_s, 2.5e-6)
+        self.assertAlmostEqual(m.min_s, 1e-6)
+        self.assertAlmostEqual(m.max_s, 4e-6)
+        self.assertEqual(m.repetitions, 4)
+        self.assertAlmostEqual(m.bytes_per_second, (12.0 * 1024 / 2e-6 + 12.0 * 1024 / 3e-6) / 2)
+
+    def test_odd_sample_count_gives_consistent_rate(self):
+        result = pb.CaseResult(chapter="ch01", case="fp32_N4", times_s=[3e-6, 1e-6, 2e-6], min_bytes=48.0)
+        m = kr.parse_benchmark_json(pb.build_benchmark_json(CONTEXT, [result])).measurements[0]
+        self.assertAlmostEqual(m.bytes_per_second * m.time_s, 48.0)
+
+    def test_bad_samples(self):
+        for times in ([], [1e-6, 0.0], [float("nan")]):
+            with self.assertRaises(ValueError):
+                pb.build_benchmark_json(CONTEXT, [pb.CaseResult("ch01", "x", times, 1.0)])
+
+    def test_base_context(self):
+        context = pb.base_context("pytorch 9.9", {"gpu": "G"})
+        self.assertEqual(context["library"], "pytorch 9.9")
+        self.assertEqual(context["gpu"], "G")
+        for key in ("date", "host_name", "executable", "num_cpus"):
+            self.assertIn(key, context)
+        self.assertRegex(context["date"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d$")
+
+
+class RealOutputTest(unittest.TestCase):
+    """data/pytorch_h200_ch01.json: written by this script on an H200 (PyTorch 2.11, 10 repetitions)."""
+
+    def test_parses_like_a_benchmark_file(self):
+        parsed = kr.load_benchmark_file(os.path.join(TESTS_DIR, "data", "pytorch_h200_ch01.json"))
+        self.assertTrue(parsed.context["library"].startswith("pytorch "))
+        self.assertEqual([m.case for m in parsed.measurements], ["fp32_N%d" % n for n in pb.CH01_SIZES])
+        for m in parsed.measurements:
+            n = int(m.case.split("_N")[1])
+            self.assertEqual((m.chapter, m.variant, m.repetitions), ("ch01", "pytorch", 10))
+            self.assertLessEqual(m.min_s, m.time_s)
+            self.assertLessEqual(m.time_s, m.max_s)
+            # With an even number of samples the median rate and the rate of the median time
+            # differ slightly; both count 12 n bytes.
+            self.assertAlmostEqual(m.bytes_per_second * m.time_s / (12.0 * n), 1.0, delta=0.05)
+
+
+class SizingTest(unittest.TestCase):
+    def test_launches_per_sample(self):
+        self.assertEqual(pb.launches_per_sample(1 << 16), 1024)
+        self.assertEqual(pb.launches_per_sample(1 << 20), 64)
+        self.assertEqual(pb.launches_per_sample(1 << 22), 16)
+        self.assertEqual(pb.launches_per_sample(1 << 26), 1)
+        self.assertEqual(pb.launches_per_sample(1 << 28), 1)
+
+    def test_rotation_sets_exceed_twice_the_l2(self):
+        l2 = 60 * 2 ** 20
+        for n in pb.CH01_SIZES:
+            set_bytes = 12 * n
+            sets = pb.rotation_sets(set_bytes, l2)
+            self.assertGreaterEqual(sets, 1)
+            if set_bytes * sets <= pb.MAX_ROTATION_BYTES and set_bytes <= 2 * l2:
+                self.assertGreater(sets * set_bytes, 2 * l2, n)
+            self.assertLessEqual(sets * set_bytes, max(set_bytes, pb.MAX_ROTATION_BYTES))
+        self.assertEqual(pb.rotation_sets(12 << 28, l2), 1)
+
+    def test_rotation_sets_respect_the_memory_cap(self):
+        self.assertEqual(pb.rotation_sets(1 << 20, 1 << 40, max_total_bytes=8 << 20), 8)
+        self.assertEqual(pb.rotation_sets(0, 1 << 20), 1)
+
+
+class RegistryTest(unittest.TestCase):
+    def test_ch01_is_registered(self):
+        self.assertIn("ch01", pb.BASELINES)
+        self.assertEqual(pb.CH01_SIZES, [2 ** k for k in (16, 18, 20, 22, 24, 26, 28)])
+
+    def test_registering_a_chapter(self):
+        @pb.baseline("ch99")
+        def fake(env):
+            return []
+
+        try:
+            self.assertIs(pb.BASELINES["ch99"], fake)
+        finally:
+            del pb.BASELINES["ch99"]
+
+
+class NoGpuTest(unittest.TestCase):
+    def run_main(self, argv):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            status = pb.main(argv)
+        return status, out.getvalue()
+
+    def test_exits_0_and_writes_nothing_without_gpu(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out_dir = os.path.join(tmp, "out")
+            with mock.patch.object(pb, "_gpu_unavailable_reason", return_value="PyTorch is not installed (test)"):
+                status, out = self.run_main(["--chapters", "ch01", "--out", out_dir])
+            self.assertEqual(status, 0)
+            self.assertIn("PyTorch is not installed (test); nothing written", out)
+            self.assertFalse(os.path.exists(out_dir))
+
+    def test_real_environment_without_torch(self):
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            reason = pb._gpu_unavailable_reason()
+            self.assertIn("PyTorch is not installed", reason)
+        else:
+            self.skipTest("PyTorch is installed here")
+
+    def test_unknown_chapter(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            status, out = self.run_main(["--chapters", "ch42", "--out", tmp])
+            self.assertEqual(status, 0)
+            self.assertIn("no PyTorch baseline for ch42", out)
+            self.assertEqual(os.listdir(tmp), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
