@@ -204,7 +204,8 @@ TEST_F(HarnessGpu, EventTimerMeasuresBatchesAndGraphs) {
   cudaStreamDestroy(stream);
 }
 
-TEST_F(HarnessGpu, GraphHelperCatchesASynchronisingLaunchPath) {
+// "DeliberateApiError": the sanitizer runs skip tests that provoke CUDA API errors on purpose.
+TEST_F(HarnessGpu, GraphHelperCatchesASynchronisingLaunchPath_DeliberateApiError) {
   kc::DeviceBuffer<float> out(1);
   kc::test::LaunchUnderTest bad{[&](cudaStream_t s) {
                                   spin_kernel<<<1, 32, 0, s>>>(out.data(), 10);

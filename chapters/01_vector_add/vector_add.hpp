@@ -24,7 +24,7 @@ void vector_add_before(const float* a, const float* b, float* c, std::int64_t n,
 struct VectorizedConfig {
   int threads_per_block = 256;  ///< block size (a multiple of 32, at most 1024)
   int unroll = 2;               ///< independent float4 loads per array in flight per thread (1, 2 or 4)
-  int blocks_per_sm = 8;        ///< resident blocks per SM the grid is sized for (grid-stride loop)
+  int blocks_per_sm = 2;        ///< blocks per SM the grid is sized for (grid-stride loop)
 };
 
 /// After: 16-byte (float4) loads and stores in a grid-stride loop sized to fill the GPU once,
