@@ -461,6 +461,30 @@ class ChapterMapTest(unittest.TestCase):
         chapter = kr.load_chapters(self.chapters_json)[0]
         self.assertIsNone(kr.headline_text(chapter, None))
 
+    def test_lesson_results_block(self):
+        lesson = os.path.join(self.tmp, "chapters", "01_vector_add", "README.md")
+        os.makedirs(os.path.dirname(lesson))
+        kr.write_text(lesson, "# Lesson\n\n<!-- kc:results ch01 -->\nold numbers\n<!-- kc:end -->\n\nPitfalls.\n"
+                              "<!-- kc:end -->\n")
+        kr.write_text(os.path.join(self.results, "ch01_profile.txt"), "## ch01/after/x\n  duration 1 us\n")
+        args = ["--chapters-json", self.chapters_json, "check", "--results-dir", self.results, "--readme", self.readme]
+        run_main(["--chapters-json", self.chapters_json, "generate", "--results-dir", self.results, "--no-plots"])
+        run_main(["--chapters-json", self.chapters_json, "chapter-map", "--results-dir", self.results,
+                  "--readme", self.readme])
+        with open(lesson, encoding="utf-8") as f:
+            text = f.read()
+        self.assertNotIn("old numbers", text)
+        self.assertIn("| `fp32_N1048576` |", text)
+        self.assertIn("../../docs/results/h200/ch01_bench.json", text)
+        self.assertIn("duration 1 us", text)
+        self.assertTrue(text.endswith("<!-- kc:end -->\n\nPitfalls.\n<!-- kc:end -->\n"), text[-80:])
+        status, out, _ = run_main(args)
+        self.assertEqual(status, 0, out)
+        kr.write_text(lesson, text.replace("| `fp32_N1048576` |", "| `typed by hand` |", 1))
+        status, out, _ = run_main(args)
+        self.assertEqual(status, 1)
+        self.assertIn("typed by hand", out)
+
 
 class SummaryTest(unittest.TestCase):
     def test_summary_of_both_versions(self):

@@ -47,7 +47,7 @@ void time_batches(benchmark::State& state, cudaStream_t stream, int batch, Launc
   }
 }
 
-/// @copydoc time_batches
+/// time_batches without work between batches.
 template <typename LaunchFn>
 void time_batches(benchmark::State& state, cudaStream_t stream, int batch, LaunchFn&& launch) {
   time_batches(state, stream, batch, std::forward<LaunchFn>(launch), [] {});

@@ -14,11 +14,11 @@ namespace kc {
 
 /// Widening conversions used by the comparison and the fp64 references.
 inline double to_double(float v) { return v; }
-/// @copydoc to_double(float)
+/// Identity, so templates can widen any element type.
 inline double to_double(double v) { return v; }
-/// @copydoc to_double(float)
+/// Widens an int32 (expert ids, counts) to double.
 inline double to_double(int v) { return v; }
-/// @copydoc to_double(float)
+/// Widens a bf16 to double (exactly: every bf16 is a double).
 inline double to_double(__nv_bfloat16 v) { return static_cast<double>(__bfloat162float(v)); }
 
 /// The outcome of comparing a result with its reference.

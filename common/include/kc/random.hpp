@@ -31,10 +31,10 @@ __host__ __device__ constexpr double uniform01(std::uint64_t seed, std::uint64_t
 
 /// Fills @p out with values uniform in [lo, hi), element i determined by (seed, i) alone.
 void fill_uniform(std::span<float> out, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
-/// @copydoc fill_uniform(std::span<float>, std::uint64_t, double, double)
+/// Fills @p out with doubles uniform in [lo, hi); element i determined by (seed, i) alone.
 void fill_uniform(std::span<double> out, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
-/// @copydoc fill_uniform(std::span<float>, std::uint64_t, double, double)
-/// Values are rounded to the nearest bf16.
+/// Fills @p out with bf16 values uniform in [lo, hi), rounded to the nearest bf16; element i
+/// determined by (seed, i) alone.
 void fill_uniform(std::span<__nv_bfloat16> out, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
 
 /// Device-side version of fill_uniform for benchmark inputs too large to fill on the host quickly:

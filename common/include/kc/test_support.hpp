@@ -23,6 +23,7 @@ namespace kc::test {
 /// reason when there is none.
 class GpuTest : public ::testing::Test {
  protected:
+  /// Skips the test (GTEST_SKIP with the reason) when no suitable GPU is present.
   void SetUp() override;
   /// The GPU the test runs on (valid only when the test was not skipped).
   const DeviceInfo& device() const;
@@ -39,7 +40,7 @@ class Sm90Test : public GpuTest {
 };
 
 /// A fresh seed for this test (KC_SEED overrides it), printed and recorded as a test property so a
-/// failure can be reproduced with KC_SEED=<seed>.
+/// failure can be reproduced by setting KC_SEED to the printed value.
 std::uint64_t test_seed();
 
 /// True when KC_SMALL_TESTS is set (the compute-sanitizer runs set it): tests skip their largest cases.
