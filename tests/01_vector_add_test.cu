@@ -11,6 +11,7 @@
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
+#include "kc/reference.hpp"
 #include "kc/test_support.hpp"
 #include "vector_add.hpp"
 
@@ -107,11 +108,9 @@ TEST(VectorAddArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
 // fp64 reference, rounded once to fp32: the double sum of two floats is exact, so rounding it to
 // float gives the correctly rounded fp32 sum, which is what an IEEE fp32 add must produce.
 std::vector<double> reference_sum(std::span<const float> a, std::span<const float> b) {
-  std::vector<double> ref(a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    ref[i] = static_cast<double>(static_cast<float>(static_cast<double>(a[i]) + static_cast<double>(b[i])));
-  }
-  return ref;
+  std::vector<double> sum = kc::ref::widen(a);
+  for (std::size_t i = 0; i < b.size(); ++i) sum[i] += static_cast<double>(b[i]);
+  return kc::ref::round_to_float(sum);
 }
 
 class VectorAddGpu : public kc::test::GpuTest, public ::testing::WithParamInterface<Variant> {

@@ -13,6 +13,7 @@
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
+#include "kc/reference.hpp"
 #include "kc/test_support.hpp"
 #include "kc/timer.hpp"
 
@@ -112,6 +113,27 @@ TEST(Compare, Bf16Widening) {
 TEST(Compare, LengthMismatchFails) {
   const kc::Comparison c = kc::compare<float>(std::vector<float>(3), std::vector<double>(4));
   EXPECT_FALSE(c.passes(1e30));
+}
+
+TEST(Reference, MatmulNtAndNnAgreeOnAKnownProduct) {
+  // A = [[1, 2, 3], [4, 5, 6]] (2x3), W = [[1, 0, 1], [0, 1, 0]] (2x3): A·Wᵀ = [[4, 2], [10, 5]].
+  const std::vector<double> a = {1, 2, 3, 4, 5, 6};
+  const std::vector<double> w = {1, 0, 1, 0, 1, 0};
+  EXPECT_EQ(kc::ref::matmul_nt(a, w, 2, 2, 3), (std::vector<double>{4, 2, 10, 5}));
+  // The same product through matmul_nn with B = Wᵀ (3x2).
+  const std::vector<double> b = {1, 0, 0, 1, 1, 0};
+  EXPECT_EQ(kc::ref::matmul_nn(a, b, 2, 2, 3), (std::vector<double>{4, 2, 10, 5}));
+  EXPECT_EQ(kc::ref::matmul_nt_element(a, w, 3, 1, 0), 10.0);
+}
+
+TEST(Reference, WidenAndRoundToFloat) {
+  const std::vector<float> x = {0.1f, -3.5f};
+  const std::vector<double> wide = kc::ref::widen<float>(x);
+  EXPECT_EQ(wide[0], static_cast<double>(0.1f));
+  const std::vector<double> exact = {0.1, 1.0 + 1e-12};
+  const std::vector<double> rounded = kc::ref::round_to_float(exact);
+  EXPECT_EQ(rounded[0], static_cast<double>(0.1f));
+  EXPECT_EQ(rounded[1], 1.0);
 }
 
 TEST(Check, ThrowsWithFileLineAndErrorName) {
