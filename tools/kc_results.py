@@ -1001,16 +1001,53 @@ def render_lesson_block(results_dir: str, lesson: str, chapter: Chapter) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+# An inline figure in a lesson: <!-- kc:fig ch01/after/fp32_N268435456 -->...<!-- /kc:fig -->.
+_FIGURE_RE = re.compile(r"(<!-- kc:fig (\S+) -->)(.*?)(<!-- /kc:fig -->)")
+
+
+def figure_text(results: Optional[ChapterResults], chapter: Chapter, name: str) -> str:
+    """The text of an inline figure: median time, throughput and fraction of the case's limit for
+    the benchmark ``chNN/variant/case``, e.g. "766 µs, 4206 GB/s, 1.00 × limit"."""
+    parsed = parse_run_name(name)
+    if parsed is None:
+        raise ResultsError("kc:fig %s: expected chNN/variant/case" % name)
+    _, variant, case = parsed
+    m = results.find(case, variant) if results is not None else None
+    if m is None:
+        return "not yet measured"
+    metric = chapter.metric
+    value = _throughput(m, metric)
+    shown = format_flops(value) if metric == "flops" else format_bandwidth(value)
+    parts = [format_time(m.time_s), shown]
+    limit = results.find(case, "limit")
+    ratio = _ratio(value, _throughput(limit, metric)) if limit is not None else None
+    if ratio is not None and variant != "limit":
+        parts.append("%.2f × limit" % ratio)
+    return ", ".join(parts)
+
+
+def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter) -> str:
+    """Replaces the content of every inline figure marker in ``text``."""
+    return _FIGURE_RE.sub(lambda mt: mt.group(1) + figure_text(results, chapter, mt.group(2)) + mt.group(4), text)
+
+
 def lesson_updates(results_dir: str, readme_path: str, chapters: Sequence[Chapter]) -> Dict[str, Tuple[str, str]]:
-    """For each chapter README that has a results block: path -> (current text, expected text)."""
+    """For each chapter README that has a results block or inline figures: path -> (current text,
+    expected text)."""
     updates = {}
     for chapter in chapters:
         path = lesson_path(readme_path, chapter)
         current = read_text(path)
-        if current is None or lesson_begin_marker(chapter.id) not in current:
+        if current is None:
             continue
-        block = render_lesson_block(results_dir, path, chapter)
-        updates[path] = (current, replace_marked_block(current, block, lesson_begin_marker(chapter.id), LESSON_END))
+        expected = current
+        if lesson_begin_marker(chapter.id) in current:
+            block = render_lesson_block(results_dir, path, chapter)
+            expected = replace_marked_block(expected, block, lesson_begin_marker(chapter.id), LESSON_END)
+        if _FIGURE_RE.search(expected):
+            expected = fill_figures(expected, load_chapter_results(results_dir, chapter.id), chapter)
+        if expected != current or lesson_begin_marker(chapter.id) in current:
+            updates[path] = (current, expected)
     return updates
 
 

@@ -464,7 +464,9 @@ class ChapterMapTest(unittest.TestCase):
     def test_lesson_results_block(self):
         lesson = os.path.join(self.tmp, "chapters", "01_vector_add", "README.md")
         os.makedirs(os.path.dirname(lesson))
-        kr.write_text(lesson, "# Lesson\n\n<!-- kc:results ch01 -->\nold numbers\n<!-- kc:end -->\n\nPitfalls.\n"
+        kr.write_text(lesson, "# Lesson\n\nBefore: <!-- kc:fig ch01/before/fp32_N1048576 -->typed<!-- /kc:fig -->; "
+                              "absent: <!-- kc:fig ch01/after/fp32_N7 -->x<!-- /kc:fig -->.\n\n"
+                              "<!-- kc:results ch01 -->\nold numbers\n<!-- kc:end -->\n\nPitfalls.\n"
                               "<!-- kc:end -->\n")
         kr.write_text(os.path.join(self.results, "ch01_profile.txt"), "## ch01/after/x\n  duration 1 us\n")
         args = ["--chapters-json", self.chapters_json, "check", "--results-dir", self.results, "--readme", self.readme]
@@ -474,6 +476,13 @@ class ChapterMapTest(unittest.TestCase):
         with open(lesson, encoding="utf-8") as f:
             text = f.read()
         self.assertNotIn("old numbers", text)
+        results = kr.load_chapter_results(self.results, "ch01")
+        before = results.find("fp32_N1048576", "before")
+        limit = results.find("fp32_N1048576", "limit")
+        self.assertIn("Before: <!-- kc:fig ch01/before/fp32_N1048576 -->%s, %s, %.2f × limit<!-- /kc:fig -->"
+                      % (kr.format_time(before.time_s), kr.format_bandwidth(before.bytes_per_second),
+                         before.bytes_per_second / limit.bytes_per_second), text)
+        self.assertIn("absent: <!-- kc:fig ch01/after/fp32_N7 -->not yet measured<!-- /kc:fig -->", text)
         self.assertIn("| `fp32_N1048576` |", text)
         self.assertIn("../../docs/results/h200/ch01_bench.json", text)
         self.assertIn("duration 1 us", text)
