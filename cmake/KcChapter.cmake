@@ -7,7 +7,9 @@
 #   kc_add_chapter(NUMBER 01 NAME vector_add
 #                  SOURCES vector_add_before.cu vector_add_after.cu
 #                  EXERCISES vector_add_after.cu        # replaced by exercises/<file> with -DKC_EXERCISES=ON
-#                  [HOPPER STUB_SOURCES stub.cu])        # sm_90a only; STUB_SOURCES when no sm_90 is built
+#                  [HOPPER STUB_SOURCES stub.cu]         # sm_90a only; STUB_SOURCES when no sm_90 is built
+#                  [TEST_SOURCES a_test.cu b_test.cu]    # under tests/; default NN_NAME_test.cu
+#                  [LINK CUDA::cublas])                  # extra libraries for the kernels, tests and benchmark
 include_guard(GLOBAL)
 
 # Host and device warnings for every target of the course.
@@ -33,7 +35,7 @@ function(kc_builds_sm90 out_var)
 endfunction()
 
 function(kc_add_chapter)
-  cmake_parse_arguments(CH "HOPPER" "NUMBER;NAME" "SOURCES;EXERCISES;STUB_SOURCES" ${ARGN})
+  cmake_parse_arguments(CH "HOPPER" "NUMBER;NAME" "SOURCES;EXERCISES;STUB_SOURCES;TEST_SOURCES;LINK" ${ARGN})
   set(id "ch${CH_NUMBER}")
   set(lib "${id}_${CH_NAME}")
   set(dir "${CMAKE_CURRENT_SOURCE_DIR}")
@@ -64,10 +66,13 @@ function(kc_add_chapter)
 
   add_library(${lib} STATIC ${sources})
   target_include_directories(${lib} PUBLIC "${dir}")
-  target_link_libraries(${lib} PUBLIC kc_common PRIVATE kc_warnings)
+  target_link_libraries(${lib} PUBLIC kc_common ${CH_LINK} PRIVATE kc_warnings)
   set_target_properties(${lib} PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
-  set(test_src "${PROJECT_SOURCE_DIR}/tests/${CH_NUMBER}_${CH_NAME}_test.cu")
+  if(NOT CH_TEST_SOURCES)
+    set(CH_TEST_SOURCES "${CH_NUMBER}_${CH_NAME}_test.cu")
+  endif()
+  list(TRANSFORM CH_TEST_SOURCES PREPEND "${PROJECT_SOURCE_DIR}/tests/" OUTPUT_VARIABLE test_src)
   add_executable(${lib}_test ${test_src})
   target_link_libraries(${lib}_test PRIVATE ${lib} kc_test_support kc_warnings)
   # PRE_TEST: list the tests when ctest runs, not at build time, so building never needs a GPU.

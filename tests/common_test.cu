@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -259,6 +260,22 @@ TEST_F(HarnessGpu, RepeatabilityHelperPassesDeterministicWork) {
                                   return std::vector<unsigned char>(b, b + sizeof v);
                                 }};
   kc::test::expect_bitwise_repeatable(run, 4);
+}
+
+TEST_F(HarnessGpu, DeviceFillMatchesHostFill) {
+  const std::size_t n = 100003;
+  const std::uint64_t seed = kc::test::test_seed();
+  std::vector<float> host_f(n);
+  std::vector<__nv_bfloat16> host_b(n);
+  kc::fill_uniform(std::span<float>(host_f), seed, -2.0, 3.0);
+  kc::fill_uniform(std::span<__nv_bfloat16>(host_b), seed, -2.0, 3.0);
+  kc::DeviceBuffer<float> dev_f(n);
+  kc::DeviceBuffer<__nv_bfloat16> dev_b(n);
+  kc::fill_uniform_device(dev_f.data(), n, seed, -2.0, 3.0);
+  kc::fill_uniform_device(dev_b.data(), n, seed, -2.0, 3.0);
+  EXPECT_EQ(dev_f.to_host(), host_f);
+  const std::vector<__nv_bfloat16> got_b = dev_b.to_host();
+  EXPECT_EQ(std::memcmp(got_b.data(), host_b.data(), n * sizeof(__nv_bfloat16)), 0);
 }
 
 TEST_F(HarnessGpu, L2FlusherRuns) {

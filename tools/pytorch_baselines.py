@@ -282,6 +282,56 @@ def ch01_vector_add(env: Env) -> List[CaseResult]:
     return results
 
 
+# Chapter 2's benchmark shapes (M, N, K): square sizes and the MoE-like shapes.
+CH02_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+               (4096, 4096, 7168), (128, 4096, 7168)]
+
+
+def ch02_case_label(dtype: str, m: int, n: int, k: int) -> str:
+    """The case label of a Chapter 2 shape, e.g. bf16_M4096_N4096_K4096."""
+    return "%s_M%d_N%d_K%d" % (dtype, m, n, k)
+
+
+def ch02_min_bytes(element_bytes: int, m: int, n: int, k: int) -> float:
+    """Fewest bytes of a GEMM: read A [M,K] and B/W once, write C [M,N] once."""
+    return float(element_bytes * (m * k + k * n + m * n))
+
+
+@baseline("ch02")
+def ch02_tiled_matmul(env: Env) -> List[CaseResult]:
+    """fp32: torch.matmul(a, b) with TF32 off (C = A·B, A [M,K], B [K,N]); bf16:
+    torch.nn.functional.linear(a, w) (C = A·Wᵀ, W [N,K]), the layout of nn.Linear."""
+    torch = env.torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed)
+    results = []
+    for dtype_name, dtype, element_bytes in (("fp32", torch.float32, 4), ("bf16", torch.bfloat16, 2)):
+        for m, n, k in CH02_SHAPES:
+            min_bytes = ch02_min_bytes(element_bytes, m, n, k)
+            sets = rotation_sets(int(min_bytes), env.l2_bytes)
+            batch = max(1, min(64, (1 << 28) // int(min_bytes)))
+            operands = []
+            for _ in range(sets):
+                a = torch.empty(m, k, device=env.device, dtype=dtype).uniform_(-1.0, 1.0, generator=generator)
+                if dtype_name == "fp32":
+                    b = torch.empty(k, n, device=env.device, dtype=dtype).uniform_(-1.0, 1.0, generator=generator)
+                    operands.append(functools.partial(torch.matmul, a, b))
+                else:
+                    w = torch.empty(n, k, device=env.device, dtype=dtype).uniform_(-1.0, 1.0, generator=generator)
+                    operands.append(functools.partial(torch.nn.functional.linear, a, w))
+            timed = time_samples(env, operands, batch)
+            label = ch02_case_label(dtype_name, m, n, k)
+            results.append(CaseResult(chapter="ch02", case=label, times_s=timed["times"],
+                                      cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
+                                      flop_count=2.0 * m * n * k,
+                                      counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+            env.log("ch02 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
+            del operands
+            torch.cuda.empty_cache()
+    return results
+
+
 def _gpu_unavailable_reason() -> Optional[str]:
     try:
         import torch  # noqa: F401 (optional dependency)

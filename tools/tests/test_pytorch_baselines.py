@@ -179,3 +179,11 @@ class NoGpuTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Ch02ShapesTest(unittest.TestCase):
+    def test_labels_and_bytes(self):
+        self.assertEqual(pb.ch02_case_label("bf16", 4096, 4096, 7168), "bf16_M4096_N4096_K7168")
+        self.assertEqual(pb.ch02_min_bytes(2, 128, 4096, 7168), 2.0 * (128 * 7168 + 7168 * 4096 + 128 * 4096))
+        self.assertIn((4096, 4096, 4096), pb.CH02_SHAPES)
+        self.assertIn("ch02", pb.BASELINES)

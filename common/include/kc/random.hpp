@@ -42,4 +42,8 @@ void fill_uniform(std::span<__nv_bfloat16> out, std::uint64_t seed, double lo = 
 void fill_uniform_device(float* out, std::size_t count, std::uint64_t seed, double lo, double hi,
                          cudaStream_t stream = nullptr);
 
+/// bf16 version of fill_uniform_device: element i gets exactly the value fill_uniform gives it.
+void fill_uniform_device(__nv_bfloat16* out, std::size_t count, std::uint64_t seed, double lo, double hi,
+                         cudaStream_t stream = nullptr);
+
 }  // namespace kc
