@@ -14,7 +14,8 @@ template <typename T>
 __global__ void fill_uniform_kernel(T* out, std::size_t count, std::uint64_t seed, double lo, double width) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    store(out, i, lo + width * uniform01(seed, i));
+    // __dmul_rn/__dadd_rn forbid fusing into an FMA, which would round differently from the host.
+    store(out, i, __dadd_rn(lo, __dmul_rn(width, uniform01(seed, i))));
   }
 }
 
