@@ -1,0 +1,490 @@
+// After, on tensor cores: C = A · Wᵀ in bf16 with mma.sync m16n8k16, fp32 accumulators.
+//
+// The same tiling idea as the fp32 ladder (block tile → warp tile → per-thread registers), with the
+// innermost multiply handed to the tensor cores. One mma.sync m16n8k16 makes a whole warp multiply a
+// 16×16 piece of A by a 16×8 piece of W and add it into a 16×8 fp32 tile: 2048 multiply-adds in one
+// instruction. Everything else in this file exists to feed that instruction fast enough.
+//
+// Who holds what (g = lane / 4, t = lane % 4; mma_sm80.cuh draws it element by element):
+//   A fragment, 4 registers of 2 bf16: rows g and g+8 of the 16×16 piece, columns 2t, 2t+1, 2t+8, 2t+9.
+//   B fragment, 2 registers: column g of the 16×8 piece (= row g of W), k = 2t, 2t+1, 2t+8, 2t+9.
+//   Accumulator, 4 fp32: rows g and g+8, columns 2t and 2t+1.
+// Both fragments want pairs of neighbouring k in one register. A is [M, K] and W is [N, K], both
+// K-major, so a pair of neighbouring k is one aligned 4-byte word in either matrix: ldmatrix (without
+// .trans) produces both fragments straight from shared memory. That is why nn.Linear's layout is
+// the natural one for mma.
+//
+// The levels of tiling (large tile; the others only change the numbers):
+//   block 128×256 of C, 8 warps as 2 × 4, each warp 64×64 = 4 m16 tiles × 8 n8 tiles = 32 mma per
+//   k16 step, 32 × 4 = 128 fp32 accumulators per thread. A 64×64 warp tile needs 4 + 4 ldmatrix.x4
+//   (4 KiB of shared memory reads) per 32 mma; smaller warp tiles read more per mma and run out of
+//   shared-memory bandwidth before the tensor cores run out of work.
+//
+// The pipeline (global → shared), kStages buffers of one 64-wide K slice of A and W each:
+//   cp.async copies 16 bytes global → shared without passing through registers and without making
+//   the thread wait. Each thread commits one group of copies per K slice; cp.async.wait_group<S-2>
+//   then means "the oldest slice has landed (my part of it)", and the __syncthreads() after it makes
+//   every thread's part visible. While the warps multiply slice kt, slices kt+1 … kt+S-2 are in
+//   flight and slice kt+S-1 is being issued into the buffer slice kt-1 used:
+//
+//     buffer:    0        1        2        3         (S = 4)
+//              [kt  ]   [kt+1]   [kt+2]   [kt+3 ← issuing now, overwrites kt-1]
+//               mma     landing  landing
+//
+//   One __syncthreads() per slice does two jobs: slice kt+1 is visible, and every warp has finished
+//   reading slice kt, whose buffer the next iteration's copy overwrites.
+//
+// Registers are double-buffered too: while the mma of k16 step kk run, the ldmatrix of step kk+1
+// are already in flight, so the tensor cores do not wait for shared memory.
+//
+// The medium and small tiles change only the numbers: 128×128 with 8 warps of 64×32, and 64×64 with
+// 4 warps of 32×32 (fewer registers, more blocks for small M or N).
+//
+// Shared-memory layout: a tile row is 64 bf16 = 128 bytes = 8 chunks of 16 bytes, the width of all
+// 32 banks. ldmatrix reads the same chunk of 8 consecutive rows at once; unswizzled, those 8 chunks
+// sit in the same 4 banks (an 8-way conflict). Storing chunk c of row r at chunk c ^ (r % 8) spreads
+// them over all 32 banks, for the cp.async writes (4 whole rows per warp) as well as for ldmatrix.
+//
+// Boundaries: rows past M or N and the K tail past K are zero-filled by cp.async (source size 0), so
+// they add nothing; the epilogue stores only rows < M and columns < N. K % 8 == 0 makes every 16-byte
+// chunk either wholly inside K or wholly outside it.
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "gemm_bf16.hpp"
+#include "kc/check.hpp"
+#include "mma_sm80.cuh"
+
+namespace kc::ch02 {
+
+namespace {
+
+using sm80::cp_async_16;
+using sm80::cp_async_commit;
+using sm80::cp_async_wait;
+using sm80::ldmatrix_x4;
+using sm80::mma_bf16_16816;
+using sm80::shared_address;
+
+constexpr int kBlockK = 64;                                 // K per pipeline stage
+constexpr int kRowBytes = kBlockK * sizeof(__nv_bfloat16);  // one tile row in shared memory: 128 bytes
+constexpr int kChunksPerRow = kRowBytes / 16;               // 16-byte cp.async / ldmatrix chunks per row
+constexpr int kSmallestTile = 64;                           // smallest block_m and block_n below
+
+// A block tile: kBlockM × kBlockN of C, computed by kWarpsM × kWarpsN warps, with kStages buffers.
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages>
+struct Tile {
+  static constexpr int block_m = kBlockM;
+  static constexpr int block_n = kBlockN;
+  static constexpr int warps_n = kWarpsN;
+  static constexpr int stages = kStages;
+  static constexpr int warps = kWarpsM * kWarpsN;
+  static constexpr int threads = 32 * warps;
+  static constexpr int warp_m = kBlockM / kWarpsM;  // rows of C per warp
+  static constexpr int warp_n = kBlockN / kWarpsN;  // columns of C per warp
+  static constexpr int stage_bytes = (kBlockM + kBlockN) * kRowBytes;
+  static constexpr int smem_bytes = kStages * stage_bytes;
+};
+
+// The instantiations. Four stages where they fit, three on GPUs with less shared memory per block
+// (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 / sm_89). The small tile streams memory-bound
+// shapes, so it takes six stages: 80 KiB of copies in flight per block, and still two blocks per SM
+// on sm_90.
+using LargeTile4 = Tile<128, 256, 2, 4, 4>;   // 192 KiB: sm_90
+using LargeTile3 = Tile<128, 256, 2, 4, 3>;   // 144 KiB: sm_80
+using MediumTile4 = Tile<128, 128, 2, 4, 4>;  // 128 KiB: sm_80, sm_90
+using MediumTile3 = Tile<128, 128, 2, 4, 3>;  //  96 KiB: sm_86 / sm_89
+using SmallTile = Tile<64, 64, 2, 2, 6>;      //  96 KiB: all
+
+// Byte offset of 16-byte chunk `chunk` of tile row `row`, XOR-swizzled (see the top of the file).
+__device__ __forceinline__ std::uint32_t swizzled(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * kRowBytes + ((chunk ^ (row % 8)) << 4));
+}
+
+// One thread's share of copying kRows × 64 slices of a K-major matrix (rows of k elements) into a
+// shared tile. Thread t copies chunk t % 8 of rows t / 8, t / 8 + kRowsPerPass, ...: each warp
+// instruction moves four whole 128-byte rows, contiguous in global memory and conflict-free in
+// shared memory. kRowsPerPass is a multiple of 8, so every pass has the same swizzle as pass 0.
+// Everything that does not change along K is worked out once, in the constructor.
+template <int kRows, int kThreads>
+struct SliceCopy {
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "equal, equally swizzled passes");
+
+  const __nv_bfloat16* src;   // this thread's chunk of slice 0, pass 0
+  std::int64_t pass_stride;   // elements from one pass's row to the next one's
+  std::uint32_t smem_offset;  // where that chunk lands in the tile
+  int passes_inside;          // passes whose row exists (rows past M or N are zero-filled)
+  int chunk_k;                // the chunk's first column within a slice
+
+  // `block_src` is row 0 of this block's rows; `rows_left` the rows that exist from there on.
+  __device__ SliceCopy(const __nv_bfloat16* block_src, int rows_left, int k, int tid) {
+    const int row = tid / kChunksPerRow;
+    const int chunk = tid % kChunksPerRow;
+    chunk_k = chunk * 8;
+    src = block_src + static_cast<std::int64_t>(row) * k + chunk_k;
+    pass_stride = static_cast<std::int64_t>(kRowsPerPass) * k;
+    smem_offset = swizzled(row, chunk);
+    const int rows = rows_left < kRows ? rows_left : kRows;
+    passes_inside = rows > row ? (rows - row + kRowsPerPass - 1) / kRowsPerPass : 0;
+  }
+
+  // Starts the copies of the slice at columns k0 … k0 + 63 into `tile`. Out-of-range chunks are
+  // zero-filled (source size 0) from `any_valid`, an address that exists, since none is read.
+  __device__ __forceinline__ void issue(std::uint32_t tile, int k0, int k, const __nv_bfloat16* any_valid) const {
+    const bool k_inside = chunk_k < k - k0;
+    const __nv_bfloat16* from = src + k0;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const bool inside = k_inside && pass < passes_inside;
+      cp_async_16(tile + smem_offset + pass * kRowsPerPass * kRowBytes, inside ? from : any_valid, inside);
+      from += pass_stride;
+    }
+  }
+};
+
+// Stores two neighbouring outputs (columns col, col+1 of one row), rounded to nearest-even bf16.
+// `room` is how many columns are left in the row from col on. One 4-byte store when both fit and
+// the address is 4-byte aligned (N even and c aligned: `paired`), element by element otherwise.
+__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float x, float y, int room, bool paired) {
+  if (paired && room >= 2) {
+    *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(x, y);
+    return;
+  }
+  if (room >= 1) out[0] = __float2bfloat16_rn(x);
+  if (room >= 2) out[1] = __float2bfloat16_rn(y);
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::threads)
+    gemm_bf16_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ w,
+                     __nv_bfloat16* __restrict__ c, int m, int n, int k, int tiles_n, bool paired) {
+  constexpr int kThreads = Cfg::threads;
+  constexpr int kStages = Cfg::stages;
+  constexpr int kMTiles = Cfg::warp_m / 16;  // m16 tiles per warp
+  constexpr int kNTiles = Cfg::warp_n / 8;   // n8 tiles per warp
+  constexpr int kKSteps = kBlockK / 16;      // k16 steps per stage
+  static_assert(kNTiles % 2 == 0, "one ldmatrix.x4 loads the B fragments of two n8 tiles");
+  static_assert(kKSteps % 2 == 0, "fragment buffers alternate 0, 1, 0, 1 across stages");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t smem_base = shared_address(smem);  // stage s: A slice, then W slice
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+
+  // This block's tile of C; consecutive blocks walk along a row of tiles and share its A rows in L2.
+  const int block_row0 = static_cast<int>(blockIdx.x) / tiles_n * Cfg::block_m;
+  const int block_col0 = static_cast<int>(blockIdx.x) % tiles_n * Cfg::block_n;
+  const int rows_left = m - block_row0;  // valid rows of A (and C) in this tile, may exceed block_m
+  const int cols_left = n - block_col0;  // valid rows of W (columns of C)
+  const __nv_bfloat16* a_block = a + static_cast<std::int64_t>(block_row0) * k;
+  const __nv_bfloat16* w_block = w + static_cast<std::int64_t>(block_col0) * k;
+
+  // This warp's piece of the block tile.
+  const int warp_row0 = warp / Cfg::warps_n * Cfg::warp_m;
+  const int warp_col0 = warp % Cfg::warps_n * Cfg::warp_n;
+
+  const SliceCopy<Cfg::block_m, kThreads> a_copy(a_block, rows_left, k, tid);
+  const SliceCopy<Cfg::block_n, kThreads> w_copy(w_block, cols_left, k, tid);
+  auto issue_copies = [&](int stage, int k_tile) {
+    const std::uint32_t stage_base = smem_base + stage * Cfg::stage_bytes;
+    a_copy.issue(stage_base, k_tile * kBlockK, k, a);
+    w_copy.issue(stage_base + Cfg::block_m * kRowBytes, k_tile * kBlockK, k, w);
+  };
+
+  // This lane's ldmatrix row for k16 step 0. A, one m16 tile: lanes 0-15 give rows 0-15 at k 0-7,
+  // lanes 16-31 the same rows at k 8-15, so the four 8×8 matrices arrive as a[0..3] in mma's order.
+  // W, two n8 tiles: lanes 0-7 give rows n 0-7 at k 0-7 (b[0] of the first tile), lanes 8-15 the
+  // same rows at k 8-15 (its b[1]), lanes 16-31 the same for rows n 8-15 (the second tile).
+  // Further m16 tiles and n8 pairs are 16 rows further on: a multiple of 8 rows, so the same swizzle.
+  const std::uint32_t a_frag_offset = swizzled(warp_row0 + lane % 16, lane / 16);
+  const std::uint32_t w_frag_offset =
+      Cfg::block_m * kRowBytes + swizzled(warp_col0 + lane % 8 + lane / 16 * 8, lane / 8 % 2);
+
+  std::uint32_t a_frag[2][kMTiles][4];
+  std::uint32_t b_frag[2][kNTiles][2];
+  float acc[kMTiles][kNTiles][4] = {};
+
+  auto load_fragments = [&](int buffer, int stage, int kk) {
+    // Step kk reads chunk 2·kk + c where step 0 read chunk c (c = 0 or 1). 2·kk and c share no
+    // bits, so that is the step-0 offset with the chunk bits XOR-ed by 2·kk: offset ^ (kk << 5).
+    const std::uint32_t stage_base = smem_base + stage * Cfg::stage_bytes;
+    const std::uint32_t a_row = stage_base + (a_frag_offset ^ (kk << 5));
+    const std::uint32_t w_row = stage_base + (w_frag_offset ^ (kk << 5));
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a_frag[buffer][mt], a_row + mt * 16 * kRowBytes);
+#pragma unroll
+    for (int pair = 0; pair < kNTiles / 2; ++pair) {
+      std::uint32_t r[4];
+      ldmatrix_x4(r, w_row + pair * 16 * kRowBytes);
+      b_frag[buffer][2 * pair][0] = r[0];
+      b_frag[buffer][2 * pair][1] = r[1];
+      b_frag[buffer][2 * pair + 1][0] = r[2];
+      b_frag[buffer][2 * pair + 1][1] = r[3];
+    }
+  };
+
+  const int k_tiles = (k - 1) / kBlockK + 1;  // k >= 1; (k + 63) / 64 could overflow int
+
+  // Prologue: slices 0 … S-2 in flight. Every thread commits exactly one group per slice, empty
+  // ones included, so "S-2 groups may still be pending" always means "the oldest slice landed".
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) issue_copies(s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 2>();
+  __syncthreads();
+  load_fragments(0, 0, 0);
+
+  int read_stage = 0;             // buffer holding slice kt
+  int write_stage = kStages - 1;  // buffer slice kt + S - 1 is copied into (the one slice kt - 1 used)
+  for (int kt = 0; kt < k_tiles; ++kt) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      if (kk == kKSteps - 1) {
+        // The next slice's fragments come next: it must have landed, for every thread's copies. The
+        // same barrier tells the copy issued at the next kk == 0 that every warp has read this
+        // slice (its last fragments were loaded at the previous kk), so its buffer can be refilled.
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+      }
+      load_fragments((kk + 1) % 2, read_stage, (kk + 1) % kKSteps);
+
+      if (kk == 0) {
+        const int next = kt + kStages - 1;
+        if (next < k_tiles) issue_copies(write_stage, next);
+        cp_async_commit();
+        write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+      }
+
+      const int cur = kk % 2;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+          // Serpentine order: the first mma of a row reuses the B fragment of the last one.
+          const int nt = mt % 2 == 0 ? j : kNTiles - 1 - j;
+          mma_bf16_16816(acc[mt][nt], a_frag[cur][mt], b_frag[cur][nt]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can be left; leave nothing in flight at exit
+
+  // Epilogue: acc[mt][nt] holds rows g and g+8, columns 2t and 2t+1 of the 16×8 tile at
+  // (warp_row0 + 16·mt, warp_col0 + 8·nt). Each pair of columns becomes one bf16x2 store; the four
+  // lanes of a row write 16 contiguous bytes and the eight n8 tiles of the warp a 128-byte row.
+  __nv_bfloat16* c_block = c + static_cast<std::int64_t>(block_row0) * n + block_col0;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row0 + 16 * mt + lane / 4 + 8 * half;
+      if (row >= rows_left) continue;
+      __nv_bfloat16* c_row = c_block + static_cast<std::int64_t>(row) * n;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
+        store_pair(c_row + col, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], cols_left - col, paired);
+      }
+    }
+  }
+}
+
+// --------------------------------------------------------------------------------------- host side
+
+std::int64_t ceil_div(std::int64_t x, std::int64_t y) { return (x + y - 1) / y; }
+
+// What the launch path needs to know about a device, queried once per device.
+struct DeviceLimits {
+  int sm_count = 0;
+  std::size_t smem_per_block_optin = 0;
+};
+
+template <class Cfg>
+void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
+  if (static_cast<std::size_t>(Cfg::smem_bytes) > smem_per_block_optin) return;  // never launched here
+  // Above 48 KiB a kernel must opt in to its dynamic shared memory. Preferring the largest carveout
+  // lets two small blocks (2 × 96 KiB) share an SM on sm_90.
+  check(cudaFuncSetAttribute(gemm_bf16_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+  check(cudaFuncSetAttribute(gemm_bf16_kernel<Cfg>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared));
+}
+
+// Queries the current device and raises the kernels' shared-memory limits the first time it is
+// seen; afterwards only reads the cache (no CUDA call but cudaGetDevice), so captured launches
+// stay cheap and legal.
+DeviceLimits current_device_limits() {
+  static std::mutex mutex;
+  static std::map<int, DeviceLimits> cache;
+  int device = 0;
+  check(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = cache.find(device); found != cache.end()) return found->second;
+
+  DeviceLimits limits;
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&limits.sm_count, cudaDevAttrMultiProcessorCount, device));
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  limits.smem_per_block_optin = static_cast<std::size_t>(optin);
+  allow_dynamic_shared_memory<LargeTile4>(limits.smem_per_block_optin);
+  allow_dynamic_shared_memory<LargeTile3>(limits.smem_per_block_optin);
+  allow_dynamic_shared_memory<MediumTile4>(limits.smem_per_block_optin);
+  allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
+  allow_dynamic_shared_memory<SmallTile>(limits.smem_per_block_optin);
+  cache.emplace(device, limits);
+  return limits;
+}
+
+template <class Cfg>
+void launch(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, bool paired,
+            cudaStream_t stream) {
+  const std::int64_t tiles_n = ceil_div(shape.n, Cfg::block_n);
+  const std::int64_t blocks = ceil_div(shape.m, Cfg::block_m) * tiles_n;  // <= 2^31 - 1 (validated)
+  gemm_bf16_kernel<Cfg><<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::smem_bytes, stream>>>(
+      a, w, c, static_cast<int>(shape.m), static_cast<int>(shape.n), static_cast<int>(shape.k),
+      static_cast<int>(tiles_n), paired);
+}
+
+template <class Cfg>
+GemmBf16TileInfo info_of(std::size_t smem_per_block_optin) {
+  GemmBf16TileInfo info;
+  info.block_m = Cfg::block_m;
+  info.block_n = Cfg::block_n;
+  info.block_k = kBlockK;
+  info.warps = Cfg::warps;
+  info.stages = Cfg::stages;
+  info.smem_bytes = static_cast<std::size_t>(Cfg::smem_bytes);
+  info.fits = info.smem_bytes <= smem_per_block_optin;
+  return info;
+}
+
+bool aligned_to(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+// True when the byte ranges [x, x + x_bytes) and [y, y + y_bytes) share at least one byte.
+bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t y_bytes) {
+  const auto xs = reinterpret_cast<std::uintptr_t>(x);
+  const auto ys = reinterpret_cast<std::uintptr_t>(y);
+  return xs < ys + y_bytes && ys < xs + x_bytes;
+}
+
+}  // namespace
+
+const char* to_string(GemmBf16Tile tile) {
+  switch (tile) {
+    case GemmBf16Tile::large: return "large";
+    case GemmBf16Tile::medium: return "medium";
+    case GemmBf16Tile::small: return "small";
+  }
+  return "unknown";
+}
+
+GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_block_optin) {
+  switch (tile) {
+    case GemmBf16Tile::large:
+      return LargeTile4::smem_bytes <= smem_per_block_optin ? info_of<LargeTile4>(smem_per_block_optin)
+                                                            : info_of<LargeTile3>(smem_per_block_optin);
+    case GemmBf16Tile::medium:
+      return MediumTile4::smem_bytes <= smem_per_block_optin ? info_of<MediumTile4>(smem_per_block_optin)
+                                                             : info_of<MediumTile3>(smem_per_block_optin);
+    case GemmBf16Tile::small: return info_of<SmallTile>(smem_per_block_optin);
+  }
+  throw InvalidArgument("tile (" + std::to_string(static_cast<int>(tile)) + ") is not a GemmBf16Tile");
+}
+
+GemmBf16Tile choose_gemm_bf16_tile(GemmShape shape, int sm_count, std::size_t smem_per_block_optin) {
+  validate_gemm_shape(shape);
+  if (sm_count < 1) throw InvalidArgument("sm_count (" + std::to_string(sm_count) + ") must be >= 1");
+  // Largest first: bigger tiles reuse each loaded byte more (compute-bound shapes), smaller ones
+  // spread a small problem over more SMs (memory-bound shapes, such as M = 128 in the MoE chapters).
+  const GemmBf16Tile largest_first[] = {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small};
+  GemmBf16Tile most_blocks = GemmBf16Tile::small;
+  for (GemmBf16Tile tile : largest_first) {
+    const GemmBf16TileInfo info = gemm_bf16_tile_info(tile, smem_per_block_optin);
+    if (!info.fits) continue;
+    most_blocks = tile;
+    if (ceil_div(shape.m, info.block_m) * ceil_div(shape.n, info.block_n) >= sm_count) return tile;
+  }
+  return most_blocks;
+}
+
+void validate_gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape) {
+  validate_gemm_shape(shape);
+  if (shape.k % 8 != 0) {
+    throw InvalidArgument("shape.k (" + std::to_string(shape.k) +
+                          ") must be a multiple of 8 (16-byte rows for cp.async)");
+  }
+  // One block per tile, numbered in blockIdx.x: even the smallest tile must number below 2^31.
+  const std::int64_t tiles = ceil_div(shape.m, kSmallestTile) * ceil_div(shape.n, kSmallestTile);
+  if (tiles > 0x7FFFFFFF) {
+    throw InvalidArgument("shape.m x shape.n (" + std::to_string(shape.m) + " x " + std::to_string(shape.n) +
+                          ") must need at most 2^31 - 1 tiles of 64 x 64");
+  }
+  if (a == nullptr) throw InvalidArgument("a must not be null");
+  if (w == nullptr) throw InvalidArgument("w must not be null");
+  if (c == nullptr) throw InvalidArgument("c must not be null");
+  if (!aligned_to(a, 16)) throw InvalidArgument("a must be 16-byte aligned (16-byte rows for cp.async)");
+  if (!aligned_to(w, 16)) throw InvalidArgument("w must be 16-byte aligned (16-byte rows for cp.async)");
+  if (!aligned_to(c, alignof(__nv_bfloat16))) throw InvalidArgument("c must be 2-byte aligned (the alignment of bf16)");
+  const std::uint64_t bf16 = sizeof(__nv_bfloat16);
+  const auto m = static_cast<std::uint64_t>(shape.m);
+  const auto n = static_cast<std::uint64_t>(shape.n);
+  const auto k = static_cast<std::uint64_t>(shape.k);
+  // Other blocks still read A and W while C is written: no in-place product.
+  if (overlaps(c, m * n * bf16, a, m * k * bf16)) throw InvalidArgument("c must not overlap a");
+  if (overlaps(c, m * n * bf16, w, n * k * bf16)) throw InvalidArgument("c must not overlap w");
+}
+
+namespace {
+
+// The launch path after validation: no allocation, no synchronisation.
+void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, GemmBf16Tile tile,
+         const DeviceLimits& limits, cudaStream_t stream) {
+  const GemmBf16TileInfo info = gemm_bf16_tile_info(tile, limits.smem_per_block_optin);
+  if (!info.fits) {
+    throw InvalidArgument(std::string("tile ") + to_string(tile) + " needs " + std::to_string(info.smem_bytes) +
+                          " bytes of shared memory per block; this GPU allows " +
+                          std::to_string(limits.smem_per_block_optin));
+  }
+  // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
+  const bool paired = shape.n % 2 == 0 && aligned_to(c, 4);
+  switch (tile) {
+    case GemmBf16Tile::large:
+      if (info.stages == LargeTile4::stages) {
+        launch<LargeTile4>(a, w, c, shape, paired, stream);
+      } else {
+        launch<LargeTile3>(a, w, c, shape, paired, stream);
+      }
+      break;
+    case GemmBf16Tile::medium:
+      if (info.stages == MediumTile4::stages) {
+        launch<MediumTile4>(a, w, c, shape, paired, stream);
+      } else {
+        launch<MediumTile3>(a, w, c, shape, paired, stream);
+      }
+      break;
+    case GemmBf16Tile::small: launch<SmallTile>(a, w, c, shape, paired, stream); break;
+  }
+  check_launch();
+}
+
+}  // namespace
+
+void gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, cudaStream_t stream) {
+  validate_gemm_bf16(a, w, c, shape);
+  const DeviceLimits limits = current_device_limits();
+  run(a, w, c, shape, choose_gemm_bf16_tile(shape, limits.sm_count, limits.smem_per_block_optin), limits, stream);
+}
+
+void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                         GemmBf16Tile tile, cudaStream_t stream) {
+  validate_gemm_bf16(a, w, c, shape);
+  run(a, w, c, shape, tile, current_device_limits(), stream);
+}
+
+}  // namespace kc::ch02
