@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
 #include "sgemm.hpp"
+#include "sgemm_steps.cuh"
 #include "vendor_cublas.hpp"
 
 namespace {
@@ -72,8 +74,7 @@ void bench_gemm(benchmark::State& state, const kc::DeviceInfo& device, const Gem
 }
 
 // The limit: the mma.sync peak, reported for every bf16 case so each row has its fraction.
-void bench_mma_peak(benchmark::State& state, const kc::DeviceInfo& device) {
-  const kc::ch02::MmaPeakConfig config;
+void bench_mma_peak(benchmark::State& state, const kc::DeviceInfo& device, const kc::ch02::MmaPeakConfig& config = {}) {
   kc::DeviceBuffer<float> sink(static_cast<std::size_t>(kc::ch02::mma_peak_sink_elements(config, device.sm_count)));
   cudaStream_t stream;
   kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -87,7 +88,58 @@ void bench_mma_peak(benchmark::State& state, const kc::DeviceInfo& device) {
   state.counters["accumulators_per_warp"] = static_cast<double>(config.accumulators_per_warp);
 }
 
+// KC_TUNE=1 registers the tuning sweep instead of the chapter's cases (for docs/notes, not for the
+// results tables): step 7's tile configurations, the bf16 kernel's tiles, and mma_peak settings.
+void register_tuning(const kc::DeviceInfo& device) {
+  using kc::ch02::detail::Warptile;
+  const std::pair<Warptile, const char*> warptiles[] = {{Warptile::k128x128x8_w32x64, "128x128x8_w32x64"},
+                                                        {Warptile::k128x128x16_w64x64, "128x128x16_w64x64"},
+                                                        {Warptile::k128x256x8_w64x64, "128x256x8_w64x64"}};
+  const kc::ch02::GemmBf16Tile tiles[] = {kc::ch02::GemmBf16Tile::large, kc::ch02::GemmBf16Tile::medium,
+                                          kc::ch02::GemmBf16Tile::small};
+  auto add = [](const std::string& name, std::function<void(benchmark::State&)> body) {
+    kc::bench::configure(benchmark::RegisterBenchmark(name.c_str(), std::move(body)));
+  };
+  for (const GemmShape& shape : {GemmShape{4096, 4096, 4096}, GemmShape{8192, 8192, 8192}}) {
+    for (const auto& [config, name] : warptiles) {
+      add("ch02/tune_step7_" + std::string(name) + "/" + case_label("fp32", shape),
+          [&device, shape, config = config](benchmark::State& st) {
+            bench_gemm<float>(st, device, shape,
+                              [config](const float* a, const float* b, float* c, GemmShape s, cudaStream_t q) {
+                                kc::ch02::detail::sgemm_step7_warptiled(a, b, c, s, q, config);
+                              });
+          });
+    }
+  }
+  for (const GemmShape& shape :
+       {GemmShape{4096, 4096, 4096}, GemmShape{8192, 8192, 8192}, GemmShape{128, 4096, 7168}}) {
+    for (kc::ch02::GemmBf16Tile tile : tiles) {
+      if (!kc::ch02::gemm_bf16_tile_info(tile, device.smem_per_block_optin).fits) continue;
+      using Bf16 = __nv_bfloat16;
+      add("ch02/tune_bf16_" + std::string(kc::ch02::to_string(tile)) + "/" + case_label("bf16", shape),
+          [&device, shape, tile](benchmark::State& st) {
+            bench_gemm<Bf16>(st, device, shape,
+                             [tile](const Bf16* a, const Bf16* w, Bf16* c, GemmShape s, cudaStream_t q) {
+                               kc::ch02::gemm_bf16_with_tile(a, w, c, s, tile, q);
+                             });
+          });
+    }
+  }
+  for (int accumulators : {4, 8, 16}) {
+    for (int blocks_per_sm : {1, 2, 4}) {
+      const kc::ch02::MmaPeakConfig config{8, blocks_per_sm, accumulators, 4096};
+      add("ch02/tune_mma_peak_acc" + std::to_string(accumulators) + "_warps" + std::to_string(8 * blocks_per_sm) +
+              "/peak",
+          [&device, config](benchmark::State& st) { bench_mma_peak(st, device, config); });
+    }
+  }
+}
+
 void register_benchmarks(const kc::DeviceInfo& device) {
+  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
+    register_tuning(device);
+    return;
+  }
   using kc::ch02::SgemmStep;
   const SgemmStep steps[] = {SgemmStep::kNaive,       SgemmStep::kCoalesced,   SgemmStep::kSharedTiled,
                              SgemmStep::kBlocktile1d, SgemmStep::kBlocktile2d, SgemmStep::kVectorized,
