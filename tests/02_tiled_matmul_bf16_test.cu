@@ -166,6 +166,31 @@ TEST(GemmBf16Tiles, InfoFollowsSharedMemory) {
   EXPECT_TRUE(small.fits);
 }
 
+// The tuning tiles: the large tile's shape and stages with another schedule, and a 128×128 tile of
+// 4 warps whose 96 KiB let two blocks share an sm_90 SM (2 × 96 KiB <= 228 KiB per SM).
+TEST(GemmBf16Tiles, TuningTilesInfo) {
+  const auto early_h200 = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_early_refill, kH200Smem);
+  const auto large_h200 = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large, kH200Smem);
+  EXPECT_EQ(early_h200.block_m, large_h200.block_m);
+  EXPECT_EQ(early_h200.block_n, large_h200.block_n);
+  EXPECT_EQ(early_h200.warps, large_h200.warps);
+  EXPECT_EQ(early_h200.stages, 4);
+  EXPECT_EQ(early_h200.smem_bytes, large_h200.smem_bytes);
+  EXPECT_TRUE(early_h200.fits);
+  EXPECT_EQ(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_early_refill, kA100Smem).stages, 3);
+  EXPECT_FALSE(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_early_refill, kRtxSmem).fits);
+
+  const auto two = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::medium_two_blocks, kH200Smem);
+  EXPECT_EQ(two.block_m, 128);
+  EXPECT_EQ(two.block_n, 128);
+  EXPECT_EQ(two.block_k, 64);
+  EXPECT_EQ(two.warps, 4);
+  EXPECT_EQ(two.stages, 3);
+  EXPECT_EQ(two.smem_bytes, 3u * (128 + 128) * 64 * 2);
+  EXPECT_LE(2 * (two.smem_bytes + 1024), 233472u) << "two blocks (and their 1 KiB reserve) fit an sm_90 SM";
+  EXPECT_TRUE(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::medium_two_blocks, kRtxSmem).fits);
+}
+
 TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
   using kc::ch02::choose_gemm_bf16_tile;
   // Compute-bound square: the big tile (512 blocks for 132 SMs).
@@ -181,6 +206,14 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
   EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 132, kH200Smem), GemmBf16Tile::small);
   // One SM: any grid fills it, so the largest tile.
   EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 1, kH200Smem), GemmBf16Tile::large);
+  // The tuning tiles are never chosen.
+  for (GemmShape s : {GemmShape{4096, 4096, 4096}, GemmShape{2048, 2048, 2048}, GemmShape{128, 4096, 7168}}) {
+    for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
+      const GemmBf16Tile chosen = choose_gemm_bf16_tile(s, 132, smem);
+      EXPECT_NE(chosen, GemmBf16Tile::large_early_refill);
+      EXPECT_NE(chosen, GemmBf16Tile::medium_two_blocks);
+    }
+  }
   expect_invalid_argument(
       [] {
         kc::ch02::choose_gemm_bf16_tile({1, 8, 16}, 0, kH200Smem);
@@ -197,6 +230,8 @@ TEST(GemmBf16Tiles, Names) {
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large), "large");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium), "medium");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small), "small");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_early_refill), "large_early_refill");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium_two_blocks), "medium_two_blocks");
 }
 
 TEST(MmaPeakArguments, FlopsAndSinkSize) {
@@ -364,7 +399,8 @@ TEST_P(GemmBf16TileGpu, SeveralTilesEachWay) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GemmBf16, GemmBf16TileGpu,
-                         ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small),
+                         ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
+                                           GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks),
                          [](const ::testing::TestParamInfo<GemmBf16Tile>& info) {
                            return std::string(kc::ch02::to_string(info.param));
                          });

@@ -30,12 +30,24 @@
 
 namespace kc::ch02 {
 
-/// The block tiles the bf16 GEMM chooses from. K advances 64 at a time through a cp.async
-/// pipeline of several stages (each stage holds a 64-wide slice of A's and W's rows).
+/// The block tiles of the bf16 GEMM: large, medium and small, which choose_gemm_bf16_tile picks
+/// from, and two tuning tiles that only gemm_bf16_with_tile runs (the benchmark's KC_TUNE sweep).
+/// K advances 64 at a time through a cp.async pipeline of several stages (each stage holds a
+/// 64-wide slice of A's and W's rows).
 enum class GemmBf16Tile {
   large,   ///< 128×256, 8 warps of 64×64; 4 stages (192 KiB) where they fit (sm_90), else 3 (144 KiB, sm_80)
   medium,  ///< 128×128, 8 warps of 64×32; 4 stages (128 KiB), or 3 (96 KiB) on the 99 KiB parts (sm_86, sm_89)
   small,   ///< 64×64, 4 warps of 32×32, 6 stages (96 KiB): many blocks, many bytes in flight, for small M or N
+  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the large tile with the early-refill
+  /// schedule. Each slice's cp.async are issued right after the barrier and the next slice's first
+  /// ldmatrix, into the buffer every warp has just read, so that no ldmatrix waits behind them just
+  /// before its mma, and S slices (not S-1) are in flight. 4 stages (192 KiB) on sm_90, 3 (144 KiB)
+  /// on sm_80.
+  large_early_refill,
+  /// Tuning tile (never chosen by choose_gemm_bf16_tile): 128×128, 4 warps of 64×64 (the large
+  /// tile's warp tile), 3 stages (96 KiB), early refill: two blocks per SM on sm_90, so one block's
+  /// barriers, prologue and epilogue overlap the other's mma.
+  medium_two_blocks,
 };
 
 /// What one tile choice means on a given GPU.
@@ -53,9 +65,10 @@ struct GemmBf16TileInfo {
 /// memory (cudaDevAttrMaxSharedMemoryPerBlockOptin). Host-only, no CUDA call.
 GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_block_optin);
 
-/// The tile gemm_bf16 uses: the largest one that fits in shared memory and still gives every SM at
-/// least one block (grid >= @p sm_count); when none does (small M or N), the fitting tile with the
-/// most blocks. Host-only, no CUDA call. Throws kc::InvalidArgument for a bad @p shape or sm_count.
+/// The tile gemm_bf16 uses: of large, medium and small (never a tuning tile), the largest one that
+/// fits in shared memory and still gives every SM at least one block (grid >= @p sm_count); when
+/// none does (small M or N), the fitting tile with the most blocks. Host-only, no CUDA call.
+/// Throws kc::InvalidArgument for a bad @p shape or sm_count.
 GemmBf16Tile choose_gemm_bf16_tile(GemmShape shape, int sm_count, std::size_t smem_per_block_optin);
 
 /// Checks the rules in this file's description; throws kc::InvalidArgument naming the first one
@@ -82,7 +95,7 @@ void gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
 void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
-/// The printable name of @p tile ("large", "medium", "small").
+/// The printable name of @p tile ("large", "medium", "small", "large_early_refill", "medium_two_blocks").
 const char* to_string(GemmBf16Tile tile);
 
 /// The mma.sync peak microbenchmark: every warp issues back-to-back mma.sync m16n8k16 bf16 on

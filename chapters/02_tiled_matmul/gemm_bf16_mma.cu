@@ -40,6 +40,16 @@
 // The medium and small tiles change only the numbers: 128×128 with 8 warps of 64×32, and 64×64 with
 // 4 warps of 32×32 (fewer registers, more blocks for small M or N).
 //
+// Early refill (the two tuning tiles, Tile<..., true>): the schedule above issues slice kt+S-1 at
+// kk == 0, and ptxas never moves an ldmatrix above an earlier cp.async (both touch shared memory, so
+// it must assume they alias). In the sm_90 SASS of the large tile the 12 cp.async of a slice land
+// among the mma of step 1, the ldmatrix of step 2 wait behind them, and step 2's first mma waits
+// for its ldmatrix: one k16 step in four is not double-buffered, in every warp at once, since the
+// barrier keeps the warps in step. Early refill issues the copies at kk == S-1 instead, after the
+// barrier and the next slice's first ldmatrix, into the buffer every warp has just finished reading
+// (slice kt's, refilled with slice kt+S). The mma of step 3 cover the copies, the mma of step 0
+// cover the ldmatrix that wait behind them, and S slices are in flight, not S-1.
+//
 // Shared-memory layout: a tile row is 64 bf16 = 128 bytes = 8 chunks of 16 bytes, the width of all
 // 32 banks. ldmatrix reads the same chunk of 8 consecutive rows at once; unswizzled, those 8 chunks
 // sit in the same 4 banks (an 8-way conflict). Storing chunk c of row r at chunk c ^ (r % 8) spreads
@@ -72,13 +82,15 @@ constexpr int kRowBytes = kBlockK * sizeof(__nv_bfloat16);  // one tile row in s
 constexpr int kChunksPerRow = kRowBytes / 16;               // 16-byte cp.async / ldmatrix chunks per row
 constexpr int kSmallestTile = 64;                           // smallest block_m and block_n below
 
-// A block tile: kBlockM × kBlockN of C, computed by kWarpsM × kWarpsN warps, with kStages buffers.
-template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages>
+// A block tile: kBlockM × kBlockN of C, computed by kWarpsM × kWarpsN warps, with kStages buffers;
+// kEarlyRefill picks the early-refill schedule (see the top of the file).
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEarlyRefill = false>
 struct Tile {
   static constexpr int block_m = kBlockM;
   static constexpr int block_n = kBlockN;
   static constexpr int warps_n = kWarpsN;
   static constexpr int stages = kStages;
+  static constexpr bool early_refill = kEarlyRefill;
   static constexpr int warps = kWarpsM * kWarpsN;
   static constexpr int threads = 32 * warps;
   static constexpr int warp_m = kBlockM / kWarpsM;  // rows of C per warp
@@ -96,6 +108,15 @@ using LargeTile3 = Tile<128, 256, 2, 4, 3>;   // 144 KiB: sm_80
 using MediumTile4 = Tile<128, 128, 2, 4, 4>;  // 128 KiB: sm_80, sm_90
 using MediumTile3 = Tile<128, 128, 2, 4, 3>;  //  96 KiB: sm_86 / sm_89
 using SmallTile = Tile<64, 64, 2, 2, 6>;      //  96 KiB: all
+
+// Tuning tiles (gemm_bf16_with_tile only), both with early refill. LargeEarly is the large tile
+// with nothing else changed. MediumTwoBlocks gives 4 warps the large tile's 64×64 warp tile (the
+// fewest ldmatrix bytes per mma) in a 128×128 block small enough for two blocks per SM on sm_90
+// (2 × 96 KiB of shared memory, 2 × 128 threads × <= 255 registers), so that one block's barrier
+// waits, prologue and epilogue overlap the other block's mma.
+using LargeEarlyTile4 = Tile<128, 256, 2, 4, 4, true>;      // 192 KiB: sm_90
+using LargeEarlyTile3 = Tile<128, 256, 2, 4, 3, true>;      // 144 KiB: sm_80
+using MediumTwoBlocksTile = Tile<128, 128, 2, 2, 3, true>;  //  96 KiB: two blocks per SM on sm_90
 
 // Byte offset of 16-byte chunk `chunk` of tile row `row`, XOR-swizzled (see the top of the file).
 __device__ __forceinline__ std::uint32_t swizzled(int row, int chunk) {
@@ -230,33 +251,38 @@ __global__ void __launch_bounds__(Cfg::threads)
 
   const int k_tiles = (k - 1) / kBlockK + 1;  // k >= 1; (k + 63) / 64 could overflow int
 
-  // Prologue: slices 0 … S-2 in flight. Every thread commits exactly one group per slice, empty
-  // ones included, so "S-2 groups may still be pending" always means "the oldest slice landed".
-  for (int s = 0; s < kStages - 1; ++s) {
+  // Prologue: slices 0 … S-2 in flight (0 … S-1 with early refill, which fills every buffer). Every
+  // thread commits exactly one group per slice, empty ones included, so "kPrologue - 1 groups may
+  // still be pending" means "slice 0 landed", and in the loop "S-2" means "slice kt+1 landed".
+  constexpr int kPrologue = Cfg::early_refill ? kStages : kStages - 1;
+  for (int s = 0; s < kPrologue; ++s) {
     if (s < k_tiles) issue_copies(s, s);
     cp_async_commit();
   }
-  cp_async_wait<kStages - 2>();
+  cp_async_wait<kPrologue - 1>();
   __syncthreads();
   load_fragments(0, 0, 0);
 
-  int read_stage = 0;             // buffer holding slice kt
-  int write_stage = kStages - 1;  // buffer slice kt + S - 1 is copied into (the one slice kt - 1 used)
+  int read_stage = 0;                                     // buffer holding slice kt
+  int write_stage = Cfg::early_refill ? 0 : kStages - 1;  // buffer the next copies go to (see below)
   for (int kt = 0; kt < k_tiles; ++kt) {
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       if (kk == kKSteps - 1) {
         // The next slice's fragments come next: it must have landed, for every thread's copies. The
-        // same barrier tells the copy issued at the next kk == 0 that every warp has read this
-        // slice (its last fragments were loaded at the previous kk), so its buffer can be refilled.
+        // same barrier tells the next copies (issued at the next kk == 0, or just below with early
+        // refill) that every warp has read this slice (its last fragments were loaded at the
+        // previous kk), so its buffer can be refilled.
         cp_async_wait<kStages - 2>();
         __syncthreads();
         read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
       }
       load_fragments((kk + 1) % 2, read_stage, (kk + 1) % kKSteps);
 
-      if (kk == 0) {
-        const int next = kt + kStages - 1;
+      // Plain: slice kt+S-1 into the buffer slice kt-1 used. Early refill: right after the barrier
+      // and the next slice's first ldmatrix, slice kt+S into the buffer every warp has just read.
+      if (kk == (Cfg::early_refill ? kKSteps - 1 : 0)) {
+        const int next = kt + (Cfg::early_refill ? kStages : kStages - 1);
         if (next < k_tiles) issue_copies(write_stage, next);
         cp_async_commit();
         write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
@@ -337,6 +363,9 @@ DeviceLimits current_device_limits() {
   allow_dynamic_shared_memory<MediumTile4>(limits.smem_per_block_optin);
   allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
   allow_dynamic_shared_memory<SmallTile>(limits.smem_per_block_optin);
+  allow_dynamic_shared_memory<LargeEarlyTile4>(limits.smem_per_block_optin);
+  allow_dynamic_shared_memory<LargeEarlyTile3>(limits.smem_per_block_optin);
+  allow_dynamic_shared_memory<MediumTwoBlocksTile>(limits.smem_per_block_optin);
   cache.emplace(device, limits);
   return limits;
 }
@@ -380,6 +409,8 @@ const char* to_string(GemmBf16Tile tile) {
     case GemmBf16Tile::large: return "large";
     case GemmBf16Tile::medium: return "medium";
     case GemmBf16Tile::small: return "small";
+    case GemmBf16Tile::large_early_refill: return "large_early_refill";
+    case GemmBf16Tile::medium_two_blocks: return "medium_two_blocks";
   }
   return "unknown";
 }
@@ -393,6 +424,10 @@ GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_blo
       return MediumTile4::smem_bytes <= smem_per_block_optin ? info_of<MediumTile4>(smem_per_block_optin)
                                                              : info_of<MediumTile3>(smem_per_block_optin);
     case GemmBf16Tile::small: return info_of<SmallTile>(smem_per_block_optin);
+    case GemmBf16Tile::large_early_refill:
+      return LargeEarlyTile4::smem_bytes <= smem_per_block_optin ? info_of<LargeEarlyTile4>(smem_per_block_optin)
+                                                                 : info_of<LargeEarlyTile3>(smem_per_block_optin);
+    case GemmBf16Tile::medium_two_blocks: return info_of<MediumTwoBlocksTile>(smem_per_block_optin);
   }
   throw InvalidArgument("tile (" + std::to_string(static_cast<int>(tile)) + ") is not a GemmBf16Tile");
 }
@@ -469,6 +504,14 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
       }
       break;
     case GemmBf16Tile::small: launch<SmallTile>(a, w, c, shape, paired, stream); break;
+    case GemmBf16Tile::large_early_refill:
+      if (info.stages == LargeEarlyTile4::stages) {
+        launch<LargeEarlyTile4>(a, w, c, shape, paired, stream);
+      } else {
+        launch<LargeEarlyTile3>(a, w, c, shape, paired, stream);
+      }
+      break;
+    case GemmBf16Tile::medium_two_blocks: launch<MediumTwoBlocksTile>(a, w, c, shape, paired, stream); break;
   }
   check_launch();
 }
