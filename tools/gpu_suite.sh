@@ -74,8 +74,10 @@ if [ "$sanitize" = 1 ]; then
     name=$(basename "$program")
     for tool in memcheck racecheck synccheck; do
       log="$logs/sanitizer_${name}_${tool}.log"
-      if KC_SMALL_TESTS=1 KC_SEED=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-        "$program" --gtest_filter='*Gpu*:-*DeliberateApiError*' >"$log" 2>&1; then
+      # racecheck instruments every shared-memory access: cap each run so one slow tool cannot eat
+      # the whole call (a timeout counts as a failure and is reported).
+      if KC_SMALL_TESTS=1 KC_SEED=1 timeout "${KC_SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool "$tool" \
+        --error-exitcode 99 "$program" --gtest_filter='*Gpu*:-*DeliberateApiError*' >"$log" 2>&1; then
         echo "$name $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
       else
         fail "$name $tool"
