@@ -319,6 +319,7 @@ class Chapter:
     headline_reference: str = "limit"
     metric: str = "bandwidth"  # "bandwidth" or "flops"
     reference_label: Optional[str] = None
+    baseline: str = "before"  # the variant the speed-up column divides by (Chapter 2: step1_naive)
 
 
 def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
@@ -350,6 +351,7 @@ def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
             headline_reference=headline.get("reference", "limit"),
             metric=metric,
             reference_label=headline.get("reference_label"),
+            baseline=item.get("baseline", "before"),
         ))
     return chapters
 
@@ -675,30 +677,38 @@ def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] 
     if metric == "flops":
         unit_header = "TFLOP/s"
         explain = ("TFLOP/s counts the case's useful floating-point operations. \"× limit\" is that over "
-                   "the `limit` variant's (a dense GEMM of the same size, same run).")
+                   "the `limit` variant's (the measured hardware ceiling the chapter names, same run).")
     else:
         unit_header = "GB/s"
         explain = ("GB/s counts the case's fewest bytes (each input read once, each output written once), "
                    "the same for every variant, so the column compares across variants; only `limit` counts "
                    "the bytes it really moves. \"× limit\" is the variant's GB/s over `limit`'s (same case, "
                    "same run).")
+    baseline = chapter.baseline if chapter else "before"
+    has_vendor = any(m.variant == "vendor" for m in measured)
+    if has_vendor:
+        explain += " \"× vendor\" is the variant's %s over the `vendor` variant's (same case, same run)." % unit_header
     lines += [
         "Median time over the repetitions; spread is the fastest and slowest repetition and the "
-        "coefficient of variation. " + explain + " Speed-up is `before`'s median time over the variant's.",
+        "coefficient of variation. " + explain + " Speed-up is `%s`'s median time over the variant's." % baseline,
         "",
     ]
     if not measured:
         lines.append("No variant of this chapter produced a time.")
     else:
+        vendor_header = " × vendor |" if has_vendor else ""
+        vendor_rule = "---:|" if has_vendor else ""
         lines += [
-            "| Case | Variant | Median time | Spread (min–max, cv) | %s | × limit | Speed-up vs before |" % unit_header,
-            "|---|---|---:|---|---:|---:|---:|",
+            "| Case | Variant | Median time | Spread (min–max, cv) | %s | × limit |%s Speed-up vs %s |"
+            % (unit_header, vendor_header, baseline),
+            "|---|---|---:|---|---:|---:|%s---:|" % vendor_rule,
         ]
         cases = sorted({m.case for m in measured}, key=natural_key)
         for case in cases:
             rows = sorted((m for m in measured if m.case == case), key=lambda m: variant_key(m.variant))
             limit = results.find(case, "limit")
-            before = results.find(case, "before")
+            vendor = results.find(case, "vendor")
+            before = results.find(case, baseline)
             for i, m in enumerate(rows):
                 value = _throughput(m, metric)
                 if value is None:
@@ -706,14 +716,17 @@ def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] 
                 else:
                     throughput = format_sig(value / (1e12 if metric == "flops" else 1e9))
                 fraction = _ratio(value, _throughput(limit, metric) if limit else None)
+                of_vendor = _ratio(value, _throughput(vendor, metric) if vendor else None)
                 speedup = _ratio(before.time_s, m.time_s) if before else None
-                lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                vendor_cell = (" %s |" % (DASH if of_vendor is None else "%.2f" % of_vendor)) if has_vendor else ""
+                lines.append("| %s | %s | %s | %s | %s | %s |%s %s |" % (
                     "`%s`" % case if i == 0 else "",
                     "`%s`" % m.variant,
                     format_time(m.time_s),
                     format_spread(m),
                     throughput,
                     DASH if fraction is None else "%.2f" % fraction,
+                    vendor_cell,
                     DASH if speedup is None else "%.2f×" % speedup,
                 ))
     failed = [m for m in results.measurements if not m.measured]

@@ -313,7 +313,8 @@ class GenerateTest(unittest.TestCase):
         self.assertEqual([c for c, _, _ in rows], ["fp32_N65536"] * 6 + ["fp32_N1048576"] * 6)
         self.assertEqual(rows[1][2][0], "")
         self.assertEqual(rows[5][2][5], "1.00")  # limit over itself
-        self.assertEqual(rows[0][2][6], "1.00×")  # before over itself
+        self.assertEqual(rows[3][2][6], "1.00")  # vendor over itself (the × vendor column)
+        self.assertEqual(rows[0][2][7], "1.00×")  # before over itself
         self.assertIn("`vendor_cub` at `fp32_N65536`: needs a GPU of sm_90 or newer", text)
 
     def test_fraction_and_speedup_values(self):
@@ -327,7 +328,18 @@ class GenerateTest(unittest.TestCase):
         self.assertEqual(row[2], kr.format_time(after.time_s))
         self.assertEqual(row[4], kr.format_sig(after.bytes_per_second / 1e9))
         self.assertEqual(row[5], "%.2f" % (after.bytes_per_second / limit.bytes_per_second))
-        self.assertEqual(row[6], "%.2f×" % (before.time_s / after.time_s))
+        vendor = results.find("fp32_N1048576", "vendor")
+        self.assertEqual(row[6], "%.2f" % (after.bytes_per_second / vendor.bytes_per_second))
+        self.assertEqual(row[7], "%.2f×" % (before.time_s / after.time_s))
+
+    def test_speedup_baseline_from_the_chapter_list(self):
+        self.generate()
+        chapter = kr.Chapter(id="ch01", dir="01_vector_add", title="Vector add", baseline="step1_coalesced")
+        page = kr.render_chapter_markdown(kr.load_chapter_results(self.results, "ch01"), chapter)
+        self.assertIn("Speed-up vs step1_coalesced |", page)
+        row = next(cells for case, variant, cells in table_rows(page)
+                   if case == "fp32_N1048576" and variant == "step1_coalesced")
+        self.assertEqual(row[7], "1.00×")
 
     def test_deterministic_and_check(self):
         self.generate()
