@@ -332,6 +332,148 @@ def ch02_tiled_matmul(env: Env) -> List[CaseResult]:
     return results
 
 
+# Chapter 3's cases: (M, N, K, epilogue); "swiglu" stacks gate|up into N = 2 x 4096 rows.
+CH03_CASES = [(16, 4096, 7168, "bias_gelu_res"), (128, 4096, 7168, "bias_gelu_res"),
+              (4096, 4096, 4096, "bias_gelu"), (16, 8192, 7168, "swiglu"), (128, 8192, 7168, "swiglu"),
+              (4096, 8192, 4096, "swiglu")]
+
+
+def ch03_case_label(m: int, n: int, k: int, epilogue: str) -> str:
+    """The case label of a Chapter 3 case, e.g. bf16_M128_N4096_K7168_bias_gelu_res."""
+    return "bf16_M%d_N%d_K%d_%s" % (m, n, k, epilogue)
+
+
+def ch03_min_bytes(m: int, n: int, k: int, epilogue: str) -> float:
+    """Fewest bytes of the layer in bf16 (kc::ch03::layer_min_bytes): A, W, bias and residual read
+    once, the output ([M, N], or [M, N/2] for SwiGLU) written once."""
+    out = m * n // 2 if epilogue == "swiglu" else m * n
+    elements = m * k + n * k + out
+    if epilogue != "swiglu":
+        elements += n
+    if epilogue.endswith("_res"):
+        elements += out
+    return 2.0 * elements
+
+
+@baseline("ch03")
+def ch03_fused_epilogue(env: Env) -> List[CaseResult]:
+    """As a PyTorch user writes it: gelu(F.linear(x, w, b), approximate="tanh") + residual, and
+    SwiGLU as one F.linear on the stacked [gate; up] weights, chunk(2, -1), silu(gate) * up."""
+    torch = env.torch
+    functional = torch.nn.functional
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed)
+    results = []
+    for m, n, k, epilogue in CH03_CASES:
+        min_bytes = ch03_min_bytes(m, n, k, epilogue)
+        sets = rotation_sets(int(min_bytes), env.l2_bytes)
+        batch = max(1, min(64, (1 << 28) // int(min_bytes)))
+        launches = []
+        for _ in range(sets):
+            def uniform(*shape: int, scale: float = 1.0) -> Any:
+                return torch.empty(*shape, device=env.device, dtype=torch.bfloat16).uniform_(
+                    -scale, scale, generator=generator)
+            x, w = uniform(m, k), uniform(n, k, scale=0.05)
+            if epilogue == "swiglu":
+                def swiglu(x: Any = x, w: Any = w) -> Any:
+                    gate, up = functional.linear(x, w).chunk(2, dim=-1)
+                    return functional.silu(gate) * up
+                launches.append(swiglu)
+            else:
+                b = uniform(n)
+                residual = uniform(m, n) if epilogue.endswith("_res") else None
+
+                def layer(x: Any = x, w: Any = w, b: Any = b, residual: Any = residual) -> Any:
+                    y = functional.gelu(functional.linear(x, w, b), approximate="tanh")
+                    return y + residual if residual is not None else y
+                launches.append(layer)
+        timed = time_samples(env, launches, batch)
+        label = ch03_case_label(m, n, k, epilogue)
+        results.append(CaseResult(chapter="ch03", case=label, times_s=timed["times"],
+                                  cpu_times_s=timed["cpu_times"], min_bytes=min_bytes, flop_count=2.0 * m * n * k,
+                                  counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+        env.log("ch03 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
+        del launches
+        torch.cuda.empty_cache()
+    return results
+
+
+# Chapter 4's benchmark cases: softmax -> top-k (renormalised) and DeepSeek-V3 routing.
+CH04_TOKENS = [1, 16, 256, 4096, 65536]
+CH04_SHAPES = [(8, 2), (64, 6), (128, 8), (256, 8), (384, 8)]
+CH04_DSV3 = {"experts": 256, "k": 8, "n_group": 8, "topk_group": 4, "scale": 2.5}
+
+
+def ch04_cases() -> List[Dict[str, Any]]:
+    """Every Chapter 4 case: label, T, E, k and whether it is DeepSeek-V3 routing. The labels are the
+    C++ benchmark's: fp32_T{T}_E{E}_k{k}, and fp32_dsv3_T{T} (T = 1 written T01, so that no label is a
+    prefix of another)."""
+    cases = []
+    for t in CH04_TOKENS:
+        for e, k in CH04_SHAPES:
+            cases.append({"label": "fp32_T%d_E%d_k%d" % (t, e, k), "tokens": t, "experts": e, "k": k, "dsv3": False})
+        cases.append({"label": "fp32_dsv3_T%s" % ("01" if t == 1 else str(t)), "tokens": t,
+                      "experts": CH04_DSV3["experts"], "k": CH04_DSV3["k"], "dsv3": True})
+    return cases
+
+
+def ch04_min_bytes(tokens: int, experts: int, k: int) -> float:
+    """Fewest bytes of gating with fp32 logits: read [T, E] logits, write [T, k] fp32 weights and int32
+    ids and [E] int32 counts, each once."""
+    return 4.0 * tokens * experts + 8.0 * tokens * k + 4.0 * experts
+
+
+@baseline("ch04")
+def ch04_moe_gating(env: Env) -> List[CaseResult]:
+    """softmax -> topk -> renormalise -> bincount, and DeepSeek-V3's gate written as in its reference
+    model (sigmoid, biased group top-2 sums, masked_fill of the other groups, topk, gather, scale)."""
+    torch = env.torch
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed)
+    bias = torch.empty(CH04_DSV3["experts"], device=env.device).uniform_(-0.1, 0.1, generator=generator)
+
+    def softmax_topk(logits, k, e):
+        weights, ids = torch.softmax(logits, dim=-1).topk(k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        counts = torch.bincount(ids.flatten(), minlength=e)
+        return weights, ids, counts
+
+    def dsv3(logits, k, e):
+        scores = logits.sigmoid()
+        original = scores
+        scores = scores + bias
+        groups = scores.view(logits.size(0), CH04_DSV3["n_group"], -1)
+        group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)
+        keep = group_scores.topk(CH04_DSV3["topk_group"], dim=-1)[1]
+        mask = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)
+        scores = groups.masked_fill(mask.unsqueeze(-1), float("-inf")).flatten(1)
+        ids = scores.topk(k, dim=-1)[1]
+        weights = original.gather(1, ids)
+        weights = weights / weights.sum(dim=-1, keepdim=True) * CH04_DSV3["scale"]
+        counts = torch.bincount(ids.flatten(), minlength=e)
+        return weights, ids, counts
+
+    results = []
+    for case in ch04_cases():
+        t, e, k = case["tokens"], case["experts"], case["k"]
+        min_bytes = ch04_min_bytes(t, e, k)
+        sets = rotation_sets(int(min_bytes), env.l2_bytes)
+        batch = max(1, min(1024, (1 << 28) // int(min_bytes)))
+        fn = dsv3 if case["dsv3"] else softmax_topk
+        launches = []
+        for _ in range(sets):
+            logits = torch.empty(t, e, device=env.device, dtype=torch.float32).uniform_(-4.0, 4.0, generator=generator)
+            launches.append(functools.partial(fn, logits, k, e))
+        timed = time_samples(env, launches, batch)
+        results.append(CaseResult(chapter="ch04", case=case["label"], times_s=timed["times"],
+                                  cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
+                                  counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+        env.log("ch04 %s: median %.1f us per launch" % (case["label"], _median(timed["times"]) * 1e6))
+        del launches
+        torch.cuda.empty_cache()
+    return results
+
+
 def _gpu_unavailable_reason() -> Optional[str]:
     try:
         import torch  # noqa: F401 (optional dependency)

@@ -58,11 +58,19 @@
 // Boundaries: rows past M or N and the K tail past K are zero-filled by cp.async (source size 0), so
 // they add nothing; the epilogue stores only rows < M and columns < N. K % 8 == 0 makes every 16-byte
 // chunk either wholly inside K or wholly outside it.
+//
+// The epilogue hook (Chapter 3): the kernel's last loop hands each thread's pairs of neighbouring
+// fp32 accumulators (row, columns col and col+1) to a small struct before they are rounded and
+// stored. Chapter 2's GEMM uses NoEpilogue, which does nothing; gemm_bf16_epilogue.hpp describes
+// the others. An epilogue with outputs_per_pair == 1 folds the pair into one value (SwiGLU), and C
+// has N/2 columns.
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "activation.cuh"
 #include "gemm_bf16.hpp"
+#include "gemm_bf16_epilogue.hpp"
 #include "kc/check.hpp"
 #include "mma_sm80.cuh"
 
@@ -178,10 +186,64 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* out, float x, float y,
   if (room >= 2) out[1] = __float2bfloat16_rn(y);
 }
 
-template <class Cfg>
+// Two neighbouring bf16 inputs of the epilogue (bias, residual) as floats: one 4-byte load when
+// `paired` (the same alignment rule as the stores), the second only when it exists.
+__device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p, bool second_exists, bool paired) {
+  if (paired && second_exists) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  return {__bfloat162float(p[0]), second_exists ? __bfloat162float(p[1]) : 0.0f};
+}
+
+// Chapter 2's GEMM: the accumulators are stored as they are.
+struct NoEpilogue {
+  static constexpr int outputs_per_pair = 2;
+  __device__ void operator()(float&, float&, int, int) const {}
+};
+
+// out = act(acc + bias) + residual, rounded once. Both loads are guarded by col + 1 < n (odd N).
+// residual may be c itself: this thread reads its two elements here, before it stores them.
+struct BiasActivationResidual {
+  static constexpr int outputs_per_pair = 2;
+  const __nv_bfloat16* bias;      // [n] or null
+  const __nv_bfloat16* residual;  // [m, n] or null
+  int n;
+  Activation activation;
+  bool paired;
+  __device__ void operator()(float& x, float& y, int row, int col) const {
+    const bool second = col + 1 < n;
+    if (bias != nullptr) {
+      const float2 b = load_pair(bias + col, second, paired);
+      x += b.x;
+      y += b.y;
+    }
+    x = activate(x, activation);
+    y = activate(y, activation);
+    if (residual != nullptr) {
+      const float2 r = load_pair(residual + static_cast<std::int64_t>(row) * n + col, second, paired);
+      x += r.x;
+      y += r.y;
+    }
+  }
+};
+
+// SwiGLU on interleaved gate/up rows: the pair (2j, 2j+1) is (gate_j, up_j), both in this thread's
+// registers, so the product needs no shuffle and no shared memory. n (even) counts W's rows.
+struct SwiGlu {
+  static constexpr int outputs_per_pair = 1;
+  const __nv_bfloat16* bias;  // [n] interleaved like W, or null
+  __device__ void operator()(float& gate, float& up, int, int col) const {
+    if (bias != nullptr) {
+      const float2 b = load_pair(bias + col, true, true);  // col even, bias 4-byte aligned (validated)
+      gate += b.x;
+      up += b.y;
+    }
+    gate = silu(gate) * up;
+  }
+};
+
+template <class Cfg, class Epilogue>
 __global__ void __launch_bounds__(Cfg::threads)
     gemm_bf16_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ w,
-                     __nv_bfloat16* __restrict__ c, int m, int n, int k, int tiles_n, bool paired) {
+                     __nv_bfloat16* __restrict__ c, int m, int n, int k, int tiles_n, bool paired, Epilogue epilogue) {
   constexpr int kThreads = Cfg::threads;
   constexpr int kStages = Cfg::stages;
   constexpr int kMTiles = Cfg::warp_m / 16;  // m16 tiles per warp
@@ -305,18 +367,29 @@ __global__ void __launch_bounds__(Cfg::threads)
   // Epilogue: acc[mt][nt] holds rows g and g+8, columns 2t and 2t+1 of the 16×8 tile at
   // (warp_row0 + 16·mt, warp_col0 + 8·nt). Each pair of columns becomes one bf16x2 store; the four
   // lanes of a row write 16 contiguous bytes and the eight n8 tiles of the warp a 128-byte row.
-  __nv_bfloat16* c_block = c + static_cast<std::int64_t>(block_row0) * n + block_col0;
+  // The hook sees each pair first, with its row and column in C (in W's columns for SwiGLU).
+  constexpr int kOut = Epilogue::outputs_per_pair;
+  const std::int64_t ldc = n / (2 / kOut);  // C's row length: n, or n / 2 when a pair folds to one
+  __nv_bfloat16* c_block = c + static_cast<std::int64_t>(block_row0) * ldc + block_col0 / (2 / kOut);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_row0 + 16 * mt + lane / 4 + 8 * half;
       if (row >= rows_left) continue;
-      __nv_bfloat16* c_row = c_block + static_cast<std::int64_t>(row) * n;
+      __nv_bfloat16* c_row = c_block + static_cast<std::int64_t>(row) * ldc;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
-        store_pair(c_row + col, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], cols_left - col, paired);
+        float x = acc[mt][nt][2 * half];
+        float y = acc[mt][nt][2 * half + 1];
+        if (col >= cols_left) continue;  // keeps the hook's loads inside the matrices too
+        epilogue(x, y, block_row0 + row, block_col0 + col);
+        if constexpr (kOut == 2) {
+          store_pair(c_row + col, x, y, cols_left - col, paired);
+        } else {
+          c_row[col / 2] = __float2bfloat16_rn(x);  // n even: the pair is whole
+        }
       }
     }
   }
@@ -332,14 +405,22 @@ struct DeviceLimits {
   std::size_t smem_per_block_optin = 0;
 };
 
-template <class Cfg>
-void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
+template <class Cfg, class Epilogue>
+void allow_dynamic_shared_memory_of(std::size_t smem_per_block_optin) {
   if (static_cast<std::size_t>(Cfg::smem_bytes) > smem_per_block_optin) return;  // never launched here
   // Above 48 KiB a kernel must opt in to its dynamic shared memory. Preferring the largest carveout
   // lets two small blocks (2 × 96 KiB) share an SM on sm_90.
-  check(cudaFuncSetAttribute(gemm_bf16_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
-  check(cudaFuncSetAttribute(gemm_bf16_kernel<Cfg>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared));
+  const auto kernel = gemm_bf16_kernel<Cfg, Epilogue>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
+
+// Every epilogue's instantiation of the kernel is a kernel of its own, with its own attributes.
+template <class Cfg>
+void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
+  allow_dynamic_shared_memory_of<Cfg, NoEpilogue>(smem_per_block_optin);
+  allow_dynamic_shared_memory_of<Cfg, BiasActivationResidual>(smem_per_block_optin);
+  allow_dynamic_shared_memory_of<Cfg, SwiGlu>(smem_per_block_optin);
 }
 
 // Queries the current device and raises the kernels' shared-memory limits the first time it is
@@ -370,14 +451,14 @@ DeviceLimits current_device_limits() {
   return limits;
 }
 
-template <class Cfg>
+template <class Cfg, class Epilogue>
 void launch(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, bool paired,
-            cudaStream_t stream) {
+            const Epilogue& epilogue, cudaStream_t stream) {
   const std::int64_t tiles_n = ceil_div(shape.n, Cfg::block_n);
   const std::int64_t blocks = ceil_div(shape.m, Cfg::block_m) * tiles_n;  // <= 2^31 - 1 (validated)
-  gemm_bf16_kernel<Cfg><<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::smem_bytes, stream>>>(
+  gemm_bf16_kernel<Cfg, Epilogue><<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::smem_bytes, stream>>>(
       a, w, c, static_cast<int>(shape.m), static_cast<int>(shape.n), static_cast<int>(shape.k),
-      static_cast<int>(tiles_n), paired);
+      static_cast<int>(tiles_n), paired, epilogue);
 }
 
 template <class Cfg>
@@ -448,7 +529,11 @@ GemmBf16Tile choose_gemm_bf16_tile(GemmShape shape, int sm_count, std::size_t sm
   return most_blocks;
 }
 
-void validate_gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape) {
+namespace {
+
+// validate_gemm_bf16 for a C of `c_columns` columns (N, or N / 2 for SwiGLU).
+void validate_operands(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape,
+                       std::int64_t c_columns) {
   validate_gemm_shape(shape);
   if (shape.k % 8 != 0) {
     throw InvalidArgument("shape.k (" + std::to_string(shape.k) +
@@ -470,16 +555,77 @@ void validate_gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, const __
   const auto m = static_cast<std::uint64_t>(shape.m);
   const auto n = static_cast<std::uint64_t>(shape.n);
   const auto k = static_cast<std::uint64_t>(shape.k);
+  const auto c_bytes = m * static_cast<std::uint64_t>(c_columns) * bf16;
   // Other blocks still read A and W while C is written: no in-place product.
-  if (overlaps(c, m * n * bf16, a, m * k * bf16)) throw InvalidArgument("c must not overlap a");
-  if (overlaps(c, m * n * bf16, w, n * k * bf16)) throw InvalidArgument("c must not overlap w");
+  if (overlaps(c, c_bytes, a, m * k * bf16)) throw InvalidArgument("c must not overlap a");
+  if (overlaps(c, c_bytes, w, n * k * bf16)) throw InvalidArgument("c must not overlap w");
+}
+
+}  // namespace
+
+void validate_gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape) {
+  validate_operands(a, w, c, shape, shape.n);
+}
+
+const char* to_string(Activation activation) {
+  switch (activation) {
+    case Activation::none: return "none";
+    case Activation::relu: return "relu";
+    case Activation::gelu_erf: return "gelu_erf";
+    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::silu: return "silu";
+  }
+  return "unknown";
+}
+
+void validate_gemm_bf16_epilogue(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c,
+                                 GemmShape shape, const GemmBf16Epilogue& epilogue) {
+  const auto activation = static_cast<int>(epilogue.activation);
+  if (activation < 0 || activation > static_cast<int>(Activation::silu)) {
+    throw InvalidArgument("epilogue.activation (" + std::to_string(activation) + ") is not an Activation");
+  }
+  if (epilogue.swiglu) {
+    validate_gemm_shape(shape);
+    if (shape.n % 2 != 0) {
+      throw InvalidArgument("shape.n (" + std::to_string(shape.n) +
+                            ") must be even in SwiGLU mode (interleaved gate/up rows)");
+    }
+    if (epilogue.activation != Activation::silu) {
+      throw InvalidArgument(std::string("epilogue.activation (") + to_string(epilogue.activation) +
+                            ") must be silu in SwiGLU mode");
+    }
+    if (epilogue.residual != nullptr) throw InvalidArgument("epilogue.residual must be null in SwiGLU mode");
+    if (epilogue.bias != nullptr && !aligned_to(epilogue.bias, 4)) {
+      throw InvalidArgument("epilogue.bias must be 4-byte aligned in SwiGLU mode (read as gate/up pairs)");
+    }
+  }
+  const std::int64_t c_columns = epilogue_output_columns(shape, epilogue);
+  validate_operands(a, w, c, shape, c_columns);
+  const std::uint64_t bf16 = sizeof(__nv_bfloat16);
+  const auto c_bytes = static_cast<std::uint64_t>(shape.m) * static_cast<std::uint64_t>(c_columns) * bf16;
+  if (epilogue.bias != nullptr) {
+    if (!aligned_to(epilogue.bias, bf16)) throw InvalidArgument("epilogue.bias must be 2-byte aligned");
+    // Every block reads the bias while others write C.
+    if (overlaps(c, c_bytes, epilogue.bias, static_cast<std::uint64_t>(shape.n) * bf16)) {
+      throw InvalidArgument("epilogue.bias must not overlap c");
+    }
+  }
+  if (epilogue.residual != nullptr) {
+    if (!aligned_to(epilogue.residual, bf16)) throw InvalidArgument("epilogue.residual must be 2-byte aligned");
+    // The same element is read and written by one thread, in that order; a shifted overlap would
+    // let a thread read an element another thread has already overwritten.
+    if (epilogue.residual != c && overlaps(c, c_bytes, epilogue.residual, c_bytes)) {
+      throw InvalidArgument("epilogue.residual must be c itself or not overlap c at all");
+    }
+  }
 }
 
 namespace {
 
 // The launch path after validation: no allocation, no synchronisation.
+template <class Epilogue = NoEpilogue>
 void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, GemmBf16Tile tile,
-         const DeviceLimits& limits, cudaStream_t stream) {
+         const DeviceLimits& limits, cudaStream_t stream, const Epilogue& epilogue = {}) {
   const GemmBf16TileInfo info = gemm_bf16_tile_info(tile, limits.smem_per_block_optin);
   if (!info.fits) {
     throw InvalidArgument(std::string("tile ") + to_string(tile) + " needs " + std::to_string(info.smem_bytes) +
@@ -491,27 +637,27 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
   switch (tile) {
     case GemmBf16Tile::large:
       if (info.stages == LargeTile4::stages) {
-        launch<LargeTile4>(a, w, c, shape, paired, stream);
+        launch<LargeTile4>(a, w, c, shape, paired, epilogue, stream);
       } else {
-        launch<LargeTile3>(a, w, c, shape, paired, stream);
+        launch<LargeTile3>(a, w, c, shape, paired, epilogue, stream);
       }
       break;
     case GemmBf16Tile::medium:
       if (info.stages == MediumTile4::stages) {
-        launch<MediumTile4>(a, w, c, shape, paired, stream);
+        launch<MediumTile4>(a, w, c, shape, paired, epilogue, stream);
       } else {
-        launch<MediumTile3>(a, w, c, shape, paired, stream);
+        launch<MediumTile3>(a, w, c, shape, paired, epilogue, stream);
       }
       break;
-    case GemmBf16Tile::small: launch<SmallTile>(a, w, c, shape, paired, stream); break;
+    case GemmBf16Tile::small: launch<SmallTile>(a, w, c, shape, paired, epilogue, stream); break;
     case GemmBf16Tile::large_early_refill:
       if (info.stages == LargeEarlyTile4::stages) {
-        launch<LargeEarlyTile4>(a, w, c, shape, paired, stream);
+        launch<LargeEarlyTile4>(a, w, c, shape, paired, epilogue, stream);
       } else {
-        launch<LargeEarlyTile3>(a, w, c, shape, paired, stream);
+        launch<LargeEarlyTile3>(a, w, c, shape, paired, epilogue, stream);
       }
       break;
-    case GemmBf16Tile::medium_two_blocks: launch<MediumTwoBlocksTile>(a, w, c, shape, paired, stream); break;
+    case GemmBf16Tile::medium_two_blocks: launch<MediumTwoBlocksTile>(a, w, c, shape, paired, epilogue, stream); break;
   }
   check_launch();
 }
@@ -528,6 +674,41 @@ void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bf
                          GemmBf16Tile tile, cudaStream_t stream) {
   validate_gemm_bf16(a, w, c, shape);
   run(a, w, c, shape, tile, current_device_limits(), stream);
+}
+
+namespace {
+
+// Picks the epilogue struct for `epilogue` and runs it.
+void run_epilogue(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                  const GemmBf16Epilogue& epilogue, GemmBf16Tile tile, const DeviceLimits& limits,
+                  cudaStream_t stream) {
+  if (epilogue.swiglu) {
+    run(a, w, c, shape, tile, limits, stream, SwiGlu{epilogue.bias});
+  } else {
+    // Bias and residual pairs are read with one 4-byte load under the stores' rule (N even, every
+    // pointer 4-byte aligned); otherwise element by element.
+    const bool paired =
+        shape.n % 2 == 0 && aligned_to(c, 4) && aligned_to(epilogue.bias, 4) && aligned_to(epilogue.residual, 4);
+    run(a, w, c, shape, tile, limits, stream,
+        BiasActivationResidual{epilogue.bias, epilogue.residual, static_cast<int>(shape.n), epilogue.activation,
+                               paired});
+  }
+}
+
+}  // namespace
+
+void gemm_bf16_epilogue(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                        const GemmBf16Epilogue& epilogue, cudaStream_t stream) {
+  validate_gemm_bf16_epilogue(a, w, c, shape, epilogue);
+  const DeviceLimits limits = current_device_limits();
+  const GemmBf16Tile tile = choose_gemm_bf16_tile(shape, limits.sm_count, limits.smem_per_block_optin);
+  run_epilogue(a, w, c, shape, epilogue, tile, limits, stream);
+}
+
+void gemm_bf16_epilogue_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                                  const GemmBf16Epilogue& epilogue, GemmBf16Tile tile, cudaStream_t stream) {
+  validate_gemm_bf16_epilogue(a, w, c, shape, epilogue);
+  run_epilogue(a, w, c, shape, epilogue, tile, current_device_limits(), stream);
 }
 
 }  // namespace kc::ch02

@@ -187,3 +187,34 @@ class Ch02ShapesTest(unittest.TestCase):
         self.assertEqual(pb.ch02_min_bytes(2, 128, 4096, 7168), 2.0 * (128 * 7168 + 7168 * 4096 + 128 * 4096))
         self.assertIn((4096, 4096, 4096), pb.CH02_SHAPES)
         self.assertIn("ch02", pb.BASELINES)
+
+
+class Ch03HelpersTest(unittest.TestCase):
+    def test_labels_and_bytes(self):
+        self.assertEqual(pb.ch03_case_label(128, 4096, 7168, "bias_gelu_res"), "bf16_M128_N4096_K7168_bias_gelu_res")
+        # Same as kc::ch03::layer_min_bytes (tests/03_fused_epilogue_test.cu): A, W, bias, residual, C.
+        self.assertEqual(pb.ch03_min_bytes(128, 4096, 7168, "bias_gelu_res"),
+                         2.0 * (128 * 7168 + 4096 * 7168 + 4096 + 2 * 128 * 4096))
+        self.assertEqual(pb.ch03_min_bytes(4096, 4096, 4096, "bias_gelu"), 2.0 * (3 * 4096 * 4096 + 4096))
+        self.assertEqual(pb.ch03_min_bytes(16, 8192, 7168, "swiglu"), 2.0 * (16 * 7168 + 8192 * 7168 + 16 * 4096))
+        labels = [pb.ch03_case_label(*c) for c in pb.CH03_CASES]
+        for a in labels:
+            for b in labels:
+                self.assertTrue(a == b or not b.startswith(a), "%s is a prefix of %s" % (a, b))
+        self.assertIn("ch03", pb.BASELINES)
+
+
+class Ch04HelpersTest(unittest.TestCase):
+    def test_labels_are_unique_and_never_a_prefix(self):
+        labels = [c["label"] for c in pb.ch04_cases()]
+        self.assertEqual(len(labels), 30)
+        self.assertIn("fp32_T65536_E256_k8", labels)
+        self.assertIn("fp32_dsv3_T4096", labels)
+        for a in labels:
+            for b in labels:
+                if a != b:
+                    self.assertFalse(b.startswith(a), "%s is a prefix of %s" % (a, b))
+
+    def test_min_bytes(self):
+        self.assertEqual(pb.ch04_min_bytes(65536, 256, 8), 4.0 * 65536 * 256 + 8.0 * 65536 * 8 + 4.0 * 256)
+        self.assertIn("ch04", pb.BASELINES)

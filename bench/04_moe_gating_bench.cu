@@ -1,0 +1,147 @@
+// Chapter 4 benchmark: MoE gating, logits [T, E] fp32 -> weights [T, k], ids [T, k], counts [E].
+//
+// Cases: T in {1, 16, 256, 4096, 65536} x (E, k) in {(8,2), (64,6), (128,8), (256,8), (384,8)},
+// softmax -> top-k with renormalisation (label fp32_T{T}_E{E}_k{k}), and DeepSeek-V3 routing
+// (E = 256, n_group 8, topk_group 4, k = 8, factor 2.5; label fp32_dsv3_T{T}).
+// Variants: before (three kernels + workspace), after_counts_fused, after_counts_separate, after (the
+// chosen counting: fused), limit (cudaMemcpyAsync of logits + outputs bytes). pytorch comes from
+// tools/pytorch_baselines.py.
+//
+// Bytes: every variant counts the case's fewest bytes: logits read once, weights + ids + counts
+// written once (4 T E + 8 T k + 4 E for fp32); limit copies half that many bytes, so the bytes it
+// moves (read + write) are the same number.
+// Inputs rotate over enough sets to exceed twice the L2; small cases are timed as batches.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kc/bench.hpp"
+#include "kc/check.hpp"
+#include "kc/device_buffer.hpp"
+#include "kc/random.hpp"
+#include "moe_gating.hpp"
+
+namespace {
+
+constexpr std::size_t kMaxRotationBytes = std::size_t{4} << 30;
+
+double min_bytes(const kc::ch04::GatingParams& p) {
+  const double t = static_cast<double>(p.num_tokens);
+  return 4.0 * t * p.num_experts + 8.0 * t * p.k + 4.0 * p.num_experts;
+}
+
+struct Set {
+  kc::DeviceBuffer<float> logits, weights;
+  kc::DeviceBuffer<std::int32_t> ids, counts;
+};
+
+enum class Variant { before, after_fused, after_separate, limit };
+
+void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v) {
+  const auto t = static_cast<std::size_t>(p.num_tokens);
+  const auto e = static_cast<std::size_t>(p.num_experts);
+  const auto k = static_cast<std::size_t>(p.k);
+  const double bytes = min_bytes(p);
+  const std::size_t sets = kc::bench::rotation_sets(static_cast<std::size_t>(bytes), device, kMaxRotationBytes);
+  std::vector<Set> data;
+  for (std::size_t s = 0; s < sets; ++s) {
+    data.push_back({kc::DeviceBuffer<float>(t * e), kc::DeviceBuffer<float>(t * k),
+                    kc::DeviceBuffer<std::int32_t>(t * k), kc::DeviceBuffer<std::int32_t>(e)});
+    kc::fill_uniform_device(data.back().logits.data(), t * e, s + 1, -4.0, 4.0);
+  }
+  std::vector<float> bias_host(e);
+  kc::fill_uniform(std::span<float>(bias_host), 77, -0.1, 0.1);
+  kc::DeviceBuffer<float> bias(bias_host);
+  const float* bias_ptr = p.scoring == kc::ch04::Scoring::deepseek_v3 ? bias.data() : nullptr;
+  kc::DeviceBuffer<unsigned char> workspace(kc::ch04::gating_before_workspace_bytes(p));
+  // limit: one contiguous copy of the same number of bytes.
+  kc::DeviceBuffer<unsigned char> copy_src(v == Variant::limit ? static_cast<std::size_t>(bytes) * sets : 0);
+  kc::DeviceBuffer<unsigned char> copy_dst(v == Variant::limit ? static_cast<std::size_t>(bytes) * sets : 0);
+  cudaStream_t stream;
+  kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kc::check(cudaDeviceSynchronize());
+  std::size_t next = 0;
+  kc::bench::time_batches(state, stream, kc::bench::batch_for_bytes(bytes), [&](int) {
+    const std::size_t s = next++ % sets;
+    Set& d = data[s];
+    const kc::ch04::GatingOutputs out{d.weights.data(), d.ids.data(), d.counts.data()};
+    switch (v) {
+      case Variant::before:
+        kc::ch04::gating_before(p, d.logits.data(), bias_ptr, out, workspace.data(), workspace.size(), stream);
+        break;
+      case Variant::after_fused:
+        kc::ch04::gating_after(p, d.logits.data(), bias_ptr, out, stream, kc::ch04::CountMode::fused_atomics);
+        break;
+      case Variant::after_separate:
+        kc::ch04::gating_after(p, d.logits.data(), bias_ptr, out, stream, kc::ch04::CountMode::separate_kernel);
+        break;
+      case Variant::limit: {
+        // A copy of n bytes reads n and writes n: n = min_bytes / 2 moves exactly min_bytes.
+        const auto n = static_cast<std::size_t>(bytes / 2);
+        kc::check(
+            cudaMemcpyAsync(copy_dst.data() + s * n, copy_src.data() + s * n, n, cudaMemcpyDeviceToDevice, stream));
+        break;
+      }
+    }
+  });
+  kc::check(cudaStreamDestroy(stream));
+  kc::bench::set_counters(state, bytes);
+  state.counters["rotating_sets"] = static_cast<double>(sets);
+}
+
+std::vector<std::string> labels;  // every case label, checked for prefixes in register_benchmarks
+
+void register_case(const kc::DeviceInfo& device, const std::string& label, const kc::ch04::GatingParams& p) {
+  labels.push_back(label);
+  const struct {
+    const char* name;
+    Variant v;
+  } variants[] = {{"before", Variant::before},
+                  {"after", Variant::after_fused},  // the chosen counting; see the lesson
+                  {"after_counts_fused", Variant::after_fused},
+                  {"after_counts_separate", Variant::after_separate},
+                  {"limit", Variant::limit}};
+  for (const auto& v : variants) {
+    const std::string name = "ch04/" + std::string(v.name) + "/" + label;
+    kc::bench::configure(benchmark::RegisterBenchmark(
+        name.c_str(), [&device, p, variant = v.v](benchmark::State& s) { bench_case(s, device, p, variant); }));
+  }
+}
+
+void register_benchmarks(const kc::DeviceInfo& device) {
+  const std::int64_t tokens[] = {1, 16, 256, 4096, 65536};
+  const int shapes[][2] = {{8, 2}, {64, 6}, {128, 8}, {256, 8}, {384, 8}};
+  for (std::int64_t t : tokens) {
+    for (const auto& shape : shapes) {
+      kc::ch04::GatingParams p;
+      p.num_tokens = t;
+      p.num_experts = shape[0];
+      p.k = shape[1];
+      p.renormalize = true;
+      // "_k8" ends the label, so fp32_T1_E8_k2 is never a prefix of fp32_T16_E8_k2 ("T1_" vs "T16").
+      register_case(
+          device, "fp32_T" + std::to_string(t) + "_E" + std::to_string(shape[0]) + "_k" + std::to_string(shape[1]), p);
+    }
+    kc::ch04::GatingParams d;
+    d.num_tokens = t;
+    d.num_experts = 256;
+    d.k = 8;
+    d.scoring = kc::ch04::Scoring::deepseek_v3;
+    d.n_group = 8;
+    d.topk_group = 4;
+    d.routed_scaling_factor = 2.5f;
+    // "fp32_dsv3_T1" would be a prefix of "fp32_dsv3_T16": T = 1 is written T01 (it still sorts as 1).
+    register_case(device, std::string("fp32_dsv3_T") + (t == 1 ? "01" : std::to_string(t)), d);
+  }
+  // DESIGN.md: a case label is never a prefix of another (filters and tables match by prefix).
+  for (const std::string& a : labels) {
+    for (const std::string& b : labels) {
+      if (&a != &b && b.starts_with(a)) throw std::logic_error("case label " + a + " is a prefix of " + b);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return kc::bench::run(argc, argv, register_benchmarks); }

@@ -1,0 +1,35 @@
+/// @file activation.cuh
+/// @brief The activations of the fused epilogue, in fp32, callable on the host and the device, so
+/// that the fused kernel, Chapter 3's separate elementwise kernels and the CPU tests share one
+/// definition (the fused and unfused paths then differ only by where they round to bf16).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "gemm_bf16_epilogue.hpp"
+
+namespace kc::ch02 {
+
+/// SiLU, x · sigmoid(x). Written as x / (1 + e^-x): for very negative x, e^-x overflows to +inf
+/// and the quotient is -0, the right limit, instead of the NaN that x · (1 / (1 + inf)) · ... risks.
+__host__ __device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/// @p x through @p activation in fp32 (see Activation for the formulas). The switch is on a value
+/// every thread of the launch shares, so on the GPU it costs a uniform branch, not divergence.
+__host__ __device__ inline float activate(float x, Activation activation) {
+  switch (activation) {
+    case Activation::none: return x;
+    case Activation::relu: return x < 0.0f ? 0.0f : x;  // NaN < 0 is false: NaN stays NaN, as in PyTorch
+    case Activation::gelu_erf: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case Activation::gelu_tanh: {
+      constexpr float kSqrt2OverPi = 0.79788456080286536f;
+      return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+    }
+    case Activation::silu: return silu(x);
+  }
+  return x;
+}
+
+}  // namespace kc::ch02

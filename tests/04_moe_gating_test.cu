@@ -1,0 +1,481 @@
+// Chapter 4 tests. CPU tests (argument rules, the fp64 reference on hand-computed cases) run
+// everywhere; GPU tests skip with a reason where there is no GPU.
+//
+// Tolerances. Ids must equal the reference exactly. Weights: 1e-5 relative Frobenius error. The
+// kernels compute in fp32: one expf (a few ulp), a sum of at most 512 terms done as per-lane partial
+// sums plus a 5-level butterfly (about 20 roundings deep, ~1e-6), one division: well inside 1e-5,
+// while a wrong normalisation (a missing renormalisation, a dropped term) is off by far more.
+// Counts are integers: exact.
+//
+// Input design. The fused softmax kernels rank the logits themselves, so any fp32 or bf16 logits
+// give exact ids. The before path ranks fp32 probabilities (as frameworks do), and DeepSeek-V3 ranks
+// fp32 sigmoid + bias: there the fp64 reference and fp32 kernels agree exactly only when no two
+// competing values are within fp32 rounding of each other, so those inputs are built with gaps
+// (logits on a 1/64 grid; DeepSeek selection scores from a Sidon set, so every group's top-2 sum
+// differs too). Exact ties are made on purpose with duplicated values: equal inputs give equal fp32
+// values on every path, and the tie rule decides.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kc/compare.hpp"
+#include "kc/device_buffer.hpp"
+#include "kc/random.hpp"
+#include "kc/test_support.hpp"
+#include "moe_gating.hpp"
+
+namespace {
+
+using kc::ch04::CountMode;
+using kc::ch04::GatingParams;
+using kc::ch04::GatingReference;
+using kc::ch04::Scoring;
+using kc::test::expect_invalid_argument;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+const double kNan = std::numeric_limits<double>::quiet_NaN();
+
+GatingParams softmax_params(std::int64_t t, int e, int k, bool renormalize = false) {
+  GatingParams p;
+  p.num_tokens = t;
+  p.num_experts = e;
+  p.k = k;
+  p.renormalize = renormalize;
+  return p;
+}
+
+GatingParams dsv3_params(std::int64_t t, int e = 256, int k = 8, int n_group = 8, int topk_group = 4) {
+  GatingParams p;
+  p.num_tokens = t;
+  p.num_experts = e;
+  p.k = k;
+  p.scoring = Scoring::deepseek_v3;
+  p.n_group = n_group;
+  p.topk_group = topk_group;
+  p.routed_scaling_factor = 2.5f;
+  return p;
+}
+
+// ---------------------------------------------------------------- CPU: argument rules
+
+TEST(MoeGatingArguments, RejectsBadShapes) {
+  float x = 0;
+  std::int32_t i = 0;
+  const kc::ch04::GatingOutputs out{&x, &i, nullptr};
+  auto v = [&](GatingParams p) { kc::ch04::validate_gating(p, &x, nullptr, out); };
+  expect_invalid_argument([&] { v(softmax_params(-1, 8, 2)); }, "num_tokens (-1) must be >= 0");
+  expect_invalid_argument([&] { v(softmax_params(1, 0, 1)); }, "num_experts (0) must be >= 1");
+  expect_invalid_argument([&] { v(softmax_params(1, 513, 2)); }, "num_experts (513) must be <= 512");
+  expect_invalid_argument([&] { v(softmax_params(1, 8, 0)); }, "k (0) must be >= 1");
+  expect_invalid_argument([&] { v(softmax_params(1, 8, 9)); }, "k (9) must be <= num_experts (8)");
+  expect_invalid_argument([&] { v(softmax_params(1, 64, 33)); }, "k (33) must be <= 32");
+}
+
+TEST(MoeGatingArguments, RejectsBadDeepSeekGroups) {
+  float x = 0;
+  std::int32_t i = 0;
+  const kc::ch04::GatingOutputs out{&x, &i, nullptr};
+  auto v = [&](GatingParams p) { kc::ch04::validate_gating(p, &x, nullptr, out); };
+  expect_invalid_argument([&] { v(dsv3_params(1, 60, 8, 8, 4)); }, "num_experts (60) must be divisible by n_group (8)");
+  expect_invalid_argument([&] { v(dsv3_params(1, 256, 8, 4, 5)); }, "topk_group (5) must be <= n_group (4)");
+  expect_invalid_argument([&] { v(dsv3_params(1, 256, 8, 0, 1)); }, "n_group (0) must be in [1, 32]");
+  expect_invalid_argument([&] { v(dsv3_params(1, 16, 8, 8, 2)); },
+                          "k (8) must be <= topk_group * experts per group (4)");
+  GatingParams p = dsv3_params(1);
+  p.routed_scaling_factor = std::nanf("");
+  expect_invalid_argument([&] { v(p); }, "routed_scaling_factor");
+  expect_invalid_argument([&] { kc::ch04::validate_gating(softmax_params(1, 8, 2), &x, &x, out); },
+                          "correction_bias must be null unless scoring is deepseek_v3");
+}
+
+TEST(MoeGatingArguments, RejectsNullPointersOnlyWhenThereAreTokens) {
+  float x = 0;
+  std::int32_t i = 0;
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::validate_gating(softmax_params(1, 8, 2), nullptr, nullptr, {&x, &i});
+      },
+      "logits must not be null");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::validate_gating(softmax_params(1, 8, 2), &x, nullptr, {nullptr, &i});
+      },
+      "out.weights must not be null");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::validate_gating(softmax_params(1, 8, 2), &x, nullptr, {&x, nullptr});
+      },
+      "out.ids must not be null");
+  EXPECT_NO_THROW(kc::ch04::validate_gating(softmax_params(0, 8, 2), nullptr, nullptr, {}));
+}
+
+// Every launch function validates before touching CUDA: these throw without a GPU.
+TEST(MoeGatingArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
+  const GatingParams bad = softmax_params(4, 8, 9);
+  expect_invalid_argument([&] { kc::ch04::gating_after(bad, static_cast<const float*>(nullptr), nullptr, {}); },
+                          "k (9) must be <= num_experts (8)");
+  expect_invalid_argument(
+      [&] { kc::ch04::gating_before(bad, static_cast<const float*>(nullptr), nullptr, {}, nullptr, 0); },
+      "k (9) must be <= num_experts (8)");
+  float x = 0;
+  std::int32_t i = 0;
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_before(softmax_params(4, 8, 2), &x, nullptr, {&x, &i}, &x, 4);
+      },
+      "workspace_bytes (4) must be >= gating_before_workspace_bytes(params)");
+  EXPECT_NO_THROW(kc::ch04::gating_after(softmax_params(0, 8, 2), static_cast<const float*>(nullptr), nullptr, {}))
+      << "T = 0 must launch nothing";
+  EXPECT_EQ(kc::ch04::gating_before_workspace_bytes(softmax_params(0, 8, 2)), 0u);
+}
+
+// ---------------------------------------------------------------- CPU: the reference itself
+
+TEST(MoeGatingReference, SoftmaxThenTopkByHand) {
+  // logits [0, ln 2, ln 4, 0]: probabilities 1/8, 2/8, 4/8, 1/8.
+  const std::vector<double> logits = {0.0, std::log(2.0), std::log(4.0), 0.0};
+  const GatingReference r = kc::ch04::gating_reference(softmax_params(1, 4, 2), logits);
+  EXPECT_EQ(r.ids, (std::vector<std::int32_t>{2, 1}));
+  EXPECT_NEAR(r.weights[0], 0.5, 1e-15);
+  EXPECT_NEAR(r.weights[1], 0.25, 1e-15);
+  const GatingReference n = kc::ch04::gating_reference(softmax_params(1, 4, 2, true), logits);
+  EXPECT_NEAR(n.weights[0], 2.0 / 3.0, 1e-15);
+  EXPECT_NEAR(n.weights[1], 1.0 / 3.0, 1e-15);
+  EXPECT_EQ(r.counts, (std::vector<std::int32_t>{0, 1, 1, 0}));
+}
+
+TEST(MoeGatingReference, TopkThenSoftmaxEqualsRenormalisedSoftmax) {
+  std::vector<double> logits(3 * 60);
+  kc::fill_uniform(std::span<double>(logits), 7, -4.0, 4.0);
+  GatingParams p = softmax_params(3, 60, 6, true);
+  const GatingReference a = kc::ch04::gating_reference(p, logits);
+  p.scoring = Scoring::topk_then_softmax;
+  p.renormalize = false;
+  const GatingReference b = kc::ch04::gating_reference(p, logits);
+  EXPECT_EQ(a.ids, b.ids);
+  for (std::size_t i = 0; i < a.weights.size(); ++i) EXPECT_NEAR(a.weights[i], b.weights[i], 1e-15);
+}
+
+TEST(MoeGatingReference, TiesPickTheLowerId) {
+  const std::vector<double> logits = {1.0, 3.0, 2.0, 3.0, -0.0, 0.0};
+  const GatingReference r = kc::ch04::gating_reference(softmax_params(1, 6, 6), logits);
+  EXPECT_EQ(r.ids, (std::vector<std::int32_t>{1, 3, 2, 0, 4, 5})) << "-0 and +0 are equal: lower id first";
+  EXPECT_EQ(r.weights[0], r.weights[1]);
+}
+
+TEST(MoeGatingReference, NanRanksLastAndWeighsZero) {
+  const std::vector<double> logits = {kNan, -kInf, 0.0, kNan};
+  const GatingReference r = kc::ch04::gating_reference(softmax_params(1, 4, 4), logits);
+  EXPECT_EQ(r.ids, (std::vector<std::int32_t>{2, 1, 0, 3}));
+  EXPECT_EQ(r.weights, (std::vector<double>{1.0, 0.0, 0.0, 0.0}));
+}
+
+TEST(MoeGatingReference, PlusInfinityWinsAndSharesTheMass) {
+  const std::vector<double> logits = {5.0, kInf, 1.0, kInf};
+  const GatingReference r = kc::ch04::gating_reference(softmax_params(1, 4, 3), logits);
+  EXPECT_EQ(r.ids, (std::vector<std::int32_t>{1, 3, 0}));
+  EXPECT_EQ(r.weights, (std::vector<double>{0.5, 0.5, 0.0}));
+}
+
+TEST(MoeGatingReference, AllMinusInfinityRowGivesZeroWeights) {
+  const std::vector<double> logits(8, -kInf);
+  for (Scoring s : {Scoring::softmax_then_topk, Scoring::topk_then_softmax}) {
+    GatingParams p = softmax_params(1, 8, 3, true);
+    p.scoring = s;
+    const GatingReference r = kc::ch04::gating_reference(p, logits);
+    EXPECT_EQ(r.ids, (std::vector<std::int32_t>{0, 1, 2}));
+    EXPECT_EQ(r.weights, (std::vector<double>(3, 0.0)));
+  }
+}
+
+TEST(MoeGatingReference, DeepSeekMaskedGroupCanHoldAHigherScore) {
+  // 4 groups of 2 experts, keep 2 groups, k = 2. Group 0 holds the single best score (expert 0) but
+  // a poor partner; groups 1 and 2 have better top-2 sums. Logits 0 -> sigmoid 0.5; bias sets the rest.
+  GatingParams p = dsv3_params(1, 8, 2, 4, 2);
+  p.routed_scaling_factor = 1.0f;
+  const std::vector<double> logits(8, 0.0);
+  const std::vector<double> bias = {0.40, -0.40, 0.30, 0.20, 0.25, 0.25, -0.5, -0.5};
+  // choice: 0.90 0.10 | 0.80 0.70 | 0.75 0.75 | 0.0 0.0 -> group sums 1.0, 1.5, 1.5, 0.0: keep 1 and 2.
+  const GatingReference r = kc::ch04::gating_reference(p, logits, bias);
+  // Among experts 2..5: 2 (0.80) then 4 and 5 (0.75, tie -> 4); k = 2 -> {2, 4}. Expert 0 (0.90) is
+  // excluded. Weights are the unbiased scores (0.5 each), renormalised: 0.5 each; ties -> lower id.
+  EXPECT_EQ(r.ids, (std::vector<std::int32_t>{2, 4}));
+  EXPECT_NEAR(r.weights[0], 0.5, 1e-15);
+  EXPECT_NEAR(r.weights[1], 0.5, 1e-15);
+}
+
+TEST(MoeGatingReference, DeepSeekWeightsAreScaledUnbiasedScoresSortedByWeight) {
+  GatingParams p = dsv3_params(1, 4, 2, 1, 1);
+  const std::vector<double> logits = {0.0, 2.0, -1.0, 1.0};
+  const std::vector<double> bias = {1.0, 0.0, 0.0, 0.0};  // selection: 1.5, 0.88, 0.27, 0.73
+  const GatingReference r = kc::ch04::gating_reference(p, logits, bias);
+  const double s0 = 0.5, s1 = 1.0 / (1.0 + std::exp(-2.0));
+  EXPECT_EQ(r.ids, (std::vector<std::int32_t>{1, 0})) << "sorted by the unbiased weight, not the biased score";
+  EXPECT_NEAR(r.weights[0], s1 / (s0 + s1) * 2.5, 1e-12);
+  EXPECT_NEAR(r.weights[1], s0 / (s0 + s1) * 2.5, 1e-12);
+}
+
+TEST(MoeGatingReference, RejectsWrongSpanLengths) {
+  expect_invalid_argument([] { kc::ch04::gating_reference(softmax_params(2, 4, 1), std::vector<double>(7)); },
+                          "logits has 7 elements");
+}
+
+// ---------------------------------------------------------------- GPU
+
+// Logits for the softmax tests: a 1/64 grid in [-8, 8) (so probabilities of distinct logits are
+// far apart in fp32, and duplicates, i.e. exact ties, are common), or raw uniform fp32 values.
+std::vector<float> grid_logits(std::size_t count, std::uint64_t seed) {
+  std::vector<float> x(count);
+  kc::fill_uniform(std::span<float>(x), seed, -8.0, 8.0);
+  for (float& v : x) v = std::floor(v * 64.0f) / 64.0f;
+  return x;
+}
+
+// DeepSeek inputs with every decision at least ~1e-6 apart (see the file comment): logits on a
+// permuted grid, bias = target - sigmoid(logit) where the targets come from the Sidon set
+// {2pj + (j^2 mod p)} (all pairwise sums distinct), scaled into [0, 1].
+void dsv3_inputs(std::int64_t t, int e, std::uint64_t seed, std::vector<float>& logits, std::vector<float>& bias) {
+  std::mt19937_64 rng(seed);
+  const int prime = e <= 256 ? 257 : 521;
+  std::vector<int> perm(static_cast<std::size_t>(e));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<double> target(static_cast<std::size_t>(e));
+  for (int i = 0; i < e; ++i) {
+    const long j = perm[i];
+    target[i] = static_cast<double>(2 * prime * j + (j * j) % prime) / (2.0 * prime * prime);
+  }
+  logits.assign(static_cast<std::size_t>(t * e), 0.0f);
+  bias.assign(static_cast<std::size_t>(e), 0.0f);
+  std::vector<int> logit_rank(static_cast<std::size_t>(e));
+  std::iota(logit_rank.begin(), logit_rank.end(), 0);
+  std::shuffle(logit_rank.begin(), logit_rank.end(), rng);
+  for (int i = 0; i < e; ++i) {
+    const double x = (logit_rank[i] - e / 2) * (8.0 / e);
+    bias[i] = static_cast<float>(target[i] - 1.0 / (1.0 + std::exp(-x)));
+  }
+  // Every row holds the same logits: the bias is per expert, and the gaps hold only for this pairing.
+  for (std::int64_t r = 0; r < t; ++r) {
+    for (int i = 0; i < e; ++i) logits[r * e + i] = static_cast<float>((logit_rank[i] - e / 2) * (8.0 / e));
+  }
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
+  std::vector<double> d(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) d[i] = kc::to_double(v[i]);
+  return d;
+}
+
+enum class Path { before, after_fused, after_separate };
+const char* path_name(Path p) {
+  return p == Path::before ? "before" : p == Path::after_fused ? "after_counts_fused" : "after_counts_separate";
+}
+
+template <typename T>
+void launch(Path path, const GatingParams& p, const T* logits, const float* bias, const kc::ch04::GatingOutputs& out,
+            kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
+  if (path == Path::before) {
+    kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
+  } else {
+    kc::ch04::gating_after(p, logits, bias, out, stream,
+                           path == Path::after_fused ? CountMode::fused_atomics : CountMode::separate_kernel);
+  }
+}
+
+// Runs one path on host logits and checks ids (exact), weights (1e-5), counts (exact), poison, guards.
+template <typename T>
+void check_case(Path path, const GatingParams& p, const std::vector<T>& logits, const std::vector<float>& bias = {}) {
+  SCOPED_TRACE(std::string(path_name(path)) + " T=" + std::to_string(p.num_tokens) +
+               " E=" + std::to_string(p.num_experts) + " k=" + std::to_string(p.k));
+  const std::size_t tk = static_cast<std::size_t>(p.num_tokens) * static_cast<std::size_t>(p.k);
+  kc::DeviceBuffer<T> d_logits(logits);
+  kc::DeviceBuffer<float> d_bias(bias);
+  kc::test::GuardedOutput<float> weights(tk);
+  kc::test::GuardedOutput<std::int32_t> ids(tk);
+  kc::test::GuardedOutput<std::int32_t> counts(static_cast<std::size_t>(p.num_experts));
+  kc::DeviceBuffer<unsigned char> workspace(kc::ch04::gating_before_workspace_bytes(p));
+  launch(path, p, d_logits.data(), bias.empty() ? nullptr : d_bias.data(), {weights.data(), ids.data(), counts.data()},
+         workspace, nullptr);
+  kc::check(cudaDeviceSynchronize());
+
+  const std::vector<double> bias64(bias.begin(), bias.end());
+  const GatingReference ref = kc::ch04::gating_reference(p, widen(logits), bias64);
+  const std::vector<std::int32_t> got_ids = ids.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < tk; ++i) wrong += got_ids[i] != ref.ids[i] ? 1 : 0;
+  EXPECT_EQ(wrong, 0u) << "ids must equal the reference exactly";
+  kc::test::expect_close(kc::compare<float>(weights.to_host(), ref.weights, kc::test::kPoisonByte), 1e-5, "weights");
+  if (p.num_tokens > 0) {
+    EXPECT_EQ(counts.to_host(), ref.counts);
+  } else {
+    EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(counts.to_host()), kc::test::kPoisonByte),
+              static_cast<std::size_t>(p.num_experts))
+        << "T = 0 launches nothing";
+  }
+  EXPECT_EQ(weights.guard_damage() + ids.guard_damage() + counts.guard_damage(), 0u) << "wrote past the end";
+}
+
+class MoeGatingGpu : public kc::test::GpuTest {};
+
+const int kExperts[] = {1, 2, 6, 8, 60, 64, 128, 160, 256, 384, 512};
+const int kKs[] = {1, 2, 6, 8, 32};
+
+TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (Path path : {Path::after_fused, Path::after_separate, Path::before}) {
+    for (int e : kExperts) {
+      for (int k : kKs) {
+        if (k > e) continue;
+        for (std::int64_t t : {0, 1, 7, 4096}) {
+          if (t == 4096 && (kc::test::small_tests_only() || (e > 64 && k > 8))) continue;
+          const auto logits = grid_logits(static_cast<std::size_t>(t * e), seed + e * 131 + k);
+          for (bool renorm : {false, true}) check_case(path, softmax_params(t, e, k, renorm), logits);
+          GatingParams p = softmax_params(t, e, k);
+          p.scoring = Scoring::topk_then_softmax;
+          check_case(path, p, logits);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(MoeGatingGpu, SoftmaxEveryShapeBf16) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (Path path : {Path::after_fused, Path::before}) {
+    for (int e : kExperts) {
+      for (int k : kKs) {
+        if (k > e) continue;
+        for (std::int64_t t : {1, 7, 4096}) {
+          if (t == 4096 && (kc::test::small_tests_only() || k > 8)) continue;
+          std::vector<__nv_bfloat16> logits(static_cast<std::size_t>(t * e));
+          kc::fill_uniform(std::span<__nv_bfloat16>(logits), seed + e, -4.0, 4.0);
+          check_case(path, softmax_params(t, e, k, true), logits);
+          check_case(path, softmax_params(t, e, k, false), logits);
+        }
+      }
+    }
+  }
+}
+
+// The fused kernel ranks logits, so arbitrary fp32 values (close pairs included) give exact ids.
+TEST_F(MoeGatingGpu, AfterIsExactOnUnstructuredFp32) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (int e : {8, 64, 256, 384}) {
+    std::vector<float> logits(static_cast<std::size_t>(4096) * e);
+    kc::fill_uniform(std::span<float>(logits), seed + e);
+    check_case(Path::after_fused, softmax_params(4096, e, std::min(e, 8), true), logits);
+  }
+}
+
+TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
+  for (Path path : {Path::after_fused, Path::before}) {
+    for (int e : {8, 60, 256, 512}) {
+      // Few distinct values: every row is full of exact ties, across lanes and within a lane.
+      std::vector<float> logits(static_cast<std::size_t>(64) * e);
+      for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>((i * 7919) % 5) - 2.0f;
+      check_case(path, softmax_params(64, e, std::min(e, 8), true), logits);
+      check_case(path, softmax_params(64, e, std::min(e, 32), false), logits);
+    }
+  }
+}
+
+TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  for (int e : {8, 64, 256}) {
+    std::vector<float> logits = grid_logits(static_cast<std::size_t>(6) * e, 99);
+    float* r = logits.data();
+    r[0 * e + 3] = nan;                                  // row 0: one NaN among finite values
+    r[1 * e + 1] = inf;                                  // row 1: one +Inf
+    r[2 * e + 0] = inf, r[2 * e + e - 1] = inf;          // row 2: two +Inf share the mass
+    std::fill(r + 3 * e, r + 4 * e, -inf);               // row 3: all -Inf: weights 0
+    std::fill(r + 4 * e, r + 5 * e, nan);                // row 4: all NaN: weights 0
+    for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
+    // Only the fused path: the before path ranks probabilities, where NaN and -Inf both become 0.
+    check_case(Path::after_fused, softmax_params(6, e, std::min(e, 6), false), logits);
+    check_case(Path::after_fused, softmax_params(6, e, std::min(e, 6), true), logits);
+  }
+}
+
+TEST_F(MoeGatingGpu, DeepSeekV3) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (Path path : {Path::after_fused, Path::after_separate, Path::before}) {
+    for (const GatingParams& shape :
+         {dsv3_params(1), dsv3_params(7), dsv3_params(4096), dsv3_params(7, 64, 6, 8, 3), dsv3_params(7, 384, 8, 8, 4),
+          dsv3_params(7, 512, 32, 16, 8), dsv3_params(7, 8, 2, 4, 2), dsv3_params(7, 160, 8, 1, 1)}) {
+      if (shape.num_tokens == 4096 && kc::test::small_tests_only()) continue;
+      std::vector<float> logits, bias;
+      dsv3_inputs(shape.num_tokens, shape.num_experts, seed, logits, bias);
+      check_case(path, shape, logits, bias);
+    }
+  }
+}
+
+template <typename T>
+kc::test::LaunchUnderTest make_run(Path path, const GatingParams& p, kc::DeviceBuffer<T>& logits,
+                                   kc::DeviceBuffer<float>& weights, kc::DeviceBuffer<std::int32_t>& ids,
+                                   kc::DeviceBuffer<std::int32_t>& counts, kc::DeviceBuffer<unsigned char>& ws) {
+  return {[&, path, p](cudaStream_t s) {
+            launch(path, p, logits.data(), nullptr, {weights.data(), ids.data(), counts.data()}, ws, s);
+          },
+          [&] {
+            weights.fill_bytes(kc::test::kPoisonByte);
+            ids.fill_bytes(kc::test::kPoisonByte);
+            counts.fill_bytes(kc::test::kPoisonByte);
+          },
+          [&] {
+            std::vector<unsigned char> bytes;
+            auto append = [&](const auto& h) {
+              const auto* b = reinterpret_cast<const unsigned char*>(h.data());
+              bytes.insert(bytes.end(), b, b + h.size() * sizeof(h[0]));
+            };
+            append(weights.to_host());
+            append(ids.to_host());
+            append(counts.to_host());
+            return bytes;
+          }};
+}
+
+TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (Path path : {Path::after_fused, Path::after_separate, Path::before}) {
+    for (int e : {8, 256}) {
+      SCOPED_TRACE(std::string(path_name(path)) + " E=" + std::to_string(e));
+      const GatingParams p = softmax_params(4099, e, std::min(e, 8));
+      kc::DeviceBuffer<float> logits(grid_logits(static_cast<std::size_t>(p.num_tokens) * e, seed));
+      kc::DeviceBuffer<float> weights(4099 * 8);
+      kc::DeviceBuffer<std::int32_t> ids(4099 * 8), counts(static_cast<std::size_t>(e));
+      kc::DeviceBuffer<unsigned char> ws(kc::ch04::gating_before_workspace_bytes(p));
+      const auto run = make_run(path, p, logits, weights, ids, counts, ws);
+      kc::test::expect_graph_capturable(run);
+      kc::test::expect_bitwise_repeatable(run);
+    }
+  }
+}
+
+TEST_F(MoeGatingGpu, BadArgumentsWriteNothing) {
+  kc::DeviceBuffer<float> logits(64 * 8);
+  kc::test::GuardedOutput<float> weights(64 * 2);
+  kc::test::GuardedOutput<std::int32_t> ids(64 * 2), counts(8);
+  const kc::ch04::GatingOutputs out{weights.data(), ids.data(), counts.data()};
+  expect_invalid_argument([&] { kc::ch04::gating_after(softmax_params(64, 8, 9), logits.data(), nullptr, out); },
+                          "k (9) must be <= num_experts (8)");
+  expect_invalid_argument([&] { kc::ch04::gating_after(softmax_params(64, 513, 2), logits.data(), nullptr, out); },
+                          "num_experts (513) must be <= 512");
+  expect_invalid_argument(
+      [&] { kc::ch04::gating_before(softmax_params(64, 8, 2), logits.data(), nullptr, out, nullptr, 0); },
+      "workspace must not be null");
+  kc::check(cudaDeviceSynchronize());
+  EXPECT_EQ(kc::count_poisoned(std::span<const float>(weights.to_host()), kc::test::kPoisonByte), 128u);
+  EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(ids.to_host()), kc::test::kPoisonByte), 128u);
+  EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(counts.to_host()), kc::test::kPoisonByte), 8u);
+}
+
+}  // namespace
