@@ -3,9 +3,9 @@
 // Cases: T in {1, 16, 256, 4096, 65536} x (E, k) in {(8,2), (64,6), (128,8), (256,8), (384,8)},
 // softmax -> top-k with renormalisation (label fp32_T{T}_E{E}_k{k}), and DeepSeek-V3 routing
 // (E = 256, n_group 8, topk_group 4, k = 8, factor 2.5; label fp32_dsv3_T{T}).
-// Variants: before (three kernels + workspace), after_counts_fused, after_counts_separate, after (the
-// chosen counting: fused), limit (cudaMemcpyAsync of logits + outputs bytes). pytorch comes from
-// tools/pytorch_baselines.py.
+// Variants: before (three kernels + workspace), after (one kernel, token counts fused into it),
+// after_counts_separate (the same kernel, counts in a second tiny kernel), limit (cudaMemcpyAsync
+// of logits + outputs bytes). pytorch comes from tools/pytorch_baselines.py.
 //
 // Bytes: every variant counts the case's fewest bytes: logits read once, weights + ids + counts
 // written once (4 T E + 8 T k + 4 E for fp32); limit copies half that many bytes, so the bytes it
@@ -31,11 +31,6 @@ double min_bytes(const kc::ch04::GatingParams& p) {
   return 4.0 * t * p.num_experts + 8.0 * t * p.k + 4.0 * p.num_experts;
 }
 
-struct Set {
-  kc::DeviceBuffer<float> logits, weights;
-  kc::DeviceBuffer<std::int32_t> ids, counts;
-};
-
 enum class Variant { before, after_fused, after_separate, limit };
 
 void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v) {
@@ -43,13 +38,12 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
   const auto e = static_cast<std::size_t>(p.num_experts);
   const auto k = static_cast<std::size_t>(p.k);
   const double bytes = min_bytes(p);
+  // A small case needs many sets to exceed 2 x L2 (T = 1, E = 8: 80 bytes, ~1.5 million sets), so
+  // each kind of buffer is one slab that set s indexes into: four allocations, one fill.
   const std::size_t sets = kc::bench::rotation_sets(static_cast<std::size_t>(bytes), device, kMaxRotationBytes);
-  std::vector<Set> data;
-  for (std::size_t s = 0; s < sets; ++s) {
-    data.push_back({kc::DeviceBuffer<float>(t * e), kc::DeviceBuffer<float>(t * k),
-                    kc::DeviceBuffer<std::int32_t>(t * k), kc::DeviceBuffer<std::int32_t>(e)});
-    kc::fill_uniform_device(data.back().logits.data(), t * e, s + 1, -4.0, 4.0);
-  }
+  kc::DeviceBuffer<float> logits(sets * t * e), weights(sets * t * k);
+  kc::DeviceBuffer<std::int32_t> ids(sets * t * k), counts(sets * e);
+  kc::fill_uniform_device(logits.data(), logits.size(), 1, -4.0, 4.0);
   std::vector<float> bias_host(e);
   kc::fill_uniform(std::span<float>(bias_host), 77, -0.1, 0.1);
   kc::DeviceBuffer<float> bias(bias_host);
@@ -64,17 +58,17 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
   std::size_t next = 0;
   kc::bench::time_batches(state, stream, kc::bench::batch_for_bytes(bytes), [&](int) {
     const std::size_t s = next++ % sets;
-    Set& d = data[s];
-    const kc::ch04::GatingOutputs out{d.weights.data(), d.ids.data(), d.counts.data()};
+    const float* set_logits = logits.data() + s * t * e;
+    const kc::ch04::GatingOutputs out{weights.data() + s * t * k, ids.data() + s * t * k, counts.data() + s * e};
     switch (v) {
       case Variant::before:
-        kc::ch04::gating_before(p, d.logits.data(), bias_ptr, out, workspace.data(), workspace.size(), stream);
+        kc::ch04::gating_before(p, set_logits, bias_ptr, out, workspace.data(), workspace.size(), stream);
         break;
       case Variant::after_fused:
-        kc::ch04::gating_after(p, d.logits.data(), bias_ptr, out, stream, kc::ch04::CountMode::fused_atomics);
+        kc::ch04::gating_after(p, set_logits, bias_ptr, out, stream, kc::ch04::CountMode::fused_atomics);
         break;
       case Variant::after_separate:
-        kc::ch04::gating_after(p, d.logits.data(), bias_ptr, out, stream, kc::ch04::CountMode::separate_kernel);
+        kc::ch04::gating_after(p, set_logits, bias_ptr, out, stream, kc::ch04::CountMode::separate_kernel);
         break;
       case Variant::limit: {
         // A copy of n bytes reads n and writes n: n = min_bytes / 2 moves exactly min_bytes.
@@ -98,8 +92,7 @@ void register_case(const kc::DeviceInfo& device, const std::string& label, const
     const char* name;
     Variant v;
   } variants[] = {{"before", Variant::before},
-                  {"after", Variant::after_fused},  // the chosen counting; see the lesson
-                  {"after_counts_fused", Variant::after_fused},
+                  {"after", Variant::after_fused},  // counts fused into the kernel: the chosen counting
                   {"after_counts_separate", Variant::after_separate},
                   {"limit", Variant::limit}};
   for (const auto& v : variants) {

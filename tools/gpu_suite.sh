@@ -29,7 +29,10 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/out}
-work=$(mktemp -d /tmp/kc_gpu_run.XXXX)  # everything here goes into the one archive under $OUT
+# Results and logs are written under $OUT as they are made, so a run cut short still returns what it
+# finished; the archive at the end packs the same two folders.
+work=$out/kc_gpu_run
+rm -rf "$work"
 results=$work/results
 logs=$work/logs
 mkdir -p "$results" "$logs"

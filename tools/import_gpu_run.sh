@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Unpacks the archive tools/gpu_suite.sh left under $OUT into docs/results/<gpu>/ (default h200),
+# Unpacks the archive tools/gpu_suite.sh left under $OUT (or its unpacked folder kc_gpu_run/, which
+# a run cut short leaves without the archive) into docs/results/<gpu>/ (default h200),
 # keeping the raw JSON, metadata, profiles and generated tables/plots, and the run's logs under
 # docs/results/<gpu>/logs/ (ctest summary, sanitizer summaries, ptxas report).
-#   tools/import_gpu_run.sh path/to/kc_gpu_run.tar.gz [gpu]
+#   tools/import_gpu_run.sh path/to/kc_gpu_run.tar.gz|path/to/kc_gpu_run [gpu]
 set -euo pipefail
 archive=$1
 gpu=${2:-h200}
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest=$root/docs/results/$gpu
 tmp=$(mktemp -d)
-tar -xzf "$archive" -C "$tmp"
+if [ -d "$archive" ]; then
+  cp -r "$archive"/. "$tmp"/
+else
+  tar -xzf "$archive" -C "$tmp"
+fi
 mkdir -p "$dest" "$dest/logs"
 cp "$tmp"/results/* "$dest"/
 for f in ctest.log ptxas.txt nvidia-smi.csv; do [ -f "$tmp/logs/$f" ] && cp "$tmp/logs/$f" "$dest/logs/"; done
