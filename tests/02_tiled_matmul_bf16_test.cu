@@ -189,6 +189,15 @@ TEST(GemmBf16Tiles, TuningTilesInfo) {
   EXPECT_EQ(two.smem_bytes, 3u * (128 + 128) * 64 * 2);
   EXPECT_LE(2 * (two.smem_bytes + 1024), 233472u) << "two blocks (and their 1 KiB reserve) fit an sm_90 SM";
   EXPECT_TRUE(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::medium_two_blocks, kRtxSmem).fits);
+
+  // The staged store changes how C leaves the kernel, not the tile.
+  for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
+    const auto staged = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_staged_store, smem);
+    const auto large = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large, smem);
+    EXPECT_EQ(staged.stages, large.stages);
+    EXPECT_EQ(staged.smem_bytes, large.smem_bytes);
+    EXPECT_EQ(staged.fits, large.fits);
+  }
 }
 
 TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
@@ -212,6 +221,7 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
       const GemmBf16Tile chosen = choose_gemm_bf16_tile(s, 132, smem);
       EXPECT_NE(chosen, GemmBf16Tile::large_early_refill);
       EXPECT_NE(chosen, GemmBf16Tile::medium_two_blocks);
+      EXPECT_NE(chosen, GemmBf16Tile::large_staged_store);
     }
   }
   expect_invalid_argument(
@@ -232,6 +242,7 @@ TEST(GemmBf16Tiles, Names) {
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small), "small");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_early_refill), "large_early_refill");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium_two_blocks), "medium_two_blocks");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_staged_store), "large_staged_store");
 }
 
 TEST(MmaPeakArguments, FlopsAndSinkSize) {
@@ -400,7 +411,8 @@ TEST_P(GemmBf16TileGpu, SeveralTilesEachWay) {
 
 INSTANTIATE_TEST_SUITE_P(GemmBf16, GemmBf16TileGpu,
                          ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
-                                           GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks),
+                                           GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
+                                           GemmBf16Tile::large_staged_store),
                          [](const ::testing::TestParamInfo<GemmBf16Tile>& info) {
                            return std::string(kc::ch02::to_string(info.param));
                          });

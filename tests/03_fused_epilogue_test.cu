@@ -306,8 +306,9 @@ TEST_F(FusedEpilogueGpu, EveryOptionMatchesFp64) {
 // 4096² the large one; each must apply the epilogue at its own edges.
 TEST_F(FusedEpilogueGpu, EveryTile) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
-                            GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks}) {
+  for (GemmBf16Tile tile :
+       {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::large_early_refill,
+        GemmBf16Tile::medium_two_blocks, GemmBf16Tile::large_staged_store}) {
     if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) continue;
     SCOPED_TRACE(kc::ch02::to_string(tile));
     for (GemmShape s : {GemmShape{33, 40, 56}, GemmShape{129, 257, 72}, GemmShape{300, 520, 200}}) {

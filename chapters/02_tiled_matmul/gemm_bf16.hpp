@@ -48,6 +48,12 @@ enum class GemmBf16Tile {
   /// tile's warp tile), 3 stages (96 KiB), early refill: two blocks per SM on sm_90, so one block's
   /// barriers, prologue and epilogue overlap the other's mma.
   medium_two_blocks,
+  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the large tile whose accumulators leave
+  /// through shared memory and a short store loop, as Chapter 3's epilogues do, instead of
+  /// straight from registers. It measures what the plain GEMM's store code costs: 128 register
+  /// pairs per thread, stored by ~1,000 instructions that run once per tile from a cold
+  /// instruction cache.
+  large_staged_store,
 };
 
 /// What one tile choice means on a given GPU.
@@ -95,7 +101,8 @@ void gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
 void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
-/// The printable name of @p tile ("large", "medium", "small", "large_early_refill", "medium_two_blocks").
+/// The printable name of @p tile ("large", "medium", "small", "large_early_refill", "medium_two_blocks",
+/// "large_staged_store").
 const char* to_string(GemmBf16Tile tile);
 
 /// The mma.sync peak microbenchmark: every warp issues back-to-back mma.sync m16n8k16 bf16 on

@@ -59,11 +59,11 @@
 // they add nothing; the epilogue stores only rows < M and columns < N. K % 8 == 0 makes every 16-byte
 // chunk either wholly inside K or wholly outside it.
 //
-// The epilogue hook (Chapter 3): the kernel's last loop hands each thread's pairs of neighbouring
-// fp32 accumulators (row, columns col and col+1) to a small struct before they are rounded and
-// stored. Chapter 2's GEMM uses NoEpilogue, which does nothing; gemm_bf16_epilogue.hpp describes
-// the others. An epilogue with outputs_per_pair == 1 folds the pair into one value (SwiGLU), and C
-// has N/2 columns.
+// The epilogue hook (Chapter 3): the kernel's Epilogue template argument decides how the fp32
+// accumulators leave. Chapter 2's GEMM uses NoEpilogue: each thread rounds and stores its pairs
+// straight from registers. Chapter 3's epilogues (bias + activation + residual, SwiGLU) are
+// "staged": the accumulators go through shared memory to a short loop that applies them (see
+// "staged epilogues" below for why); gemm_bf16_epilogue.hpp describes what they compute.
 #include <map>
 #include <mutex>
 #include <string>
@@ -186,59 +186,249 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* out, float x, float y,
   if (room >= 2) out[1] = __float2bfloat16_rn(y);
 }
 
-// Two neighbouring bf16 inputs of the epilogue (bias, residual) as floats: one 4-byte load when
-// `paired` (the same alignment rule as the stores), the second only when it exists.
-__device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p, bool second_exists, bool paired) {
-  if (paired && second_exists) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-  return {__bfloat162float(p[0]), second_exists ? __bfloat162float(p[1]) : 0.0f};
+// Chapter 2's GEMM: the accumulators are stored as they are, straight from registers.
+struct NoEpilogue {
+  static constexpr bool staged = false;
+};
+
+// ---------------------------------------------------------------------------- staged epilogues
+// Chapter 3's epilogues do not work on the accumulators in registers. A first version did: every
+// thread applied bias, activation and residual to each of its 128 accumulators in the kernel's
+// last, fully unrolled loop. Correct, but the large tile's kernel grew from 2,560 to 18,048
+// instructions (a switch over five activations, inlined 256 times), and straight-line code that
+// runs once per tile comes from the instruction cache cold: the 4096^3 GEMM took twice as long.
+// So the accumulators go to shared memory (the pipeline's buffers are free by then) and a short
+// loop, the same few hundred instructions for every group of outputs, finishes them:
+//   1. every warp writes its fp32 accumulators into a row-major tile (rows padded by 8 floats so
+//      that the four rows a half-warp writes start 8 banks apart: no conflicts);
+//   2. the bias of the tile's columns and the residual's rows are copied in with cp.async, at the
+//      same time, so the loop never waits on global memory;
+//   3. each thread takes 4 neighbouring outputs of a row at a time: one 16-byte shared load, the
+//      epilogue's math in fp32, one 8-byte store; a warp stores 256 contiguous bytes of C.
+// When the staging area does not fit the pipeline's shared memory (the large tile: 128 rows x 264
+// floats + the residual > 192 KiB), the tile is finished in two halves of rows.
+// Odd shapes (N % 8 != 0) and pointers that are not 16-byte aligned take the same loop, but read
+// bias and residual element by element from global memory and store element by element.
+
+// Where the staged epilogue keeps things in shared memory, for a tile configuration Cfg.
+template <class Cfg>
+struct Staging {
+  static constexpr int acc_ld = Cfg::block_n + 8;  // floats per staged row
+  static constexpr int acc_row_bytes = acc_ld * 4;
+  static constexpr int residual_row_bytes = Cfg::block_n * 2;
+  static constexpr int bias_bytes = Cfg::block_n * 2;
+  static constexpr int bytes_for(int rows) { return rows * (acc_row_bytes + residual_row_bytes) + bias_bytes; }
+  static constexpr int part_rows = bytes_for(Cfg::block_m) <= Cfg::smem_bytes ? Cfg::block_m : Cfg::block_m / 2;
+  static constexpr int parts = Cfg::block_m / part_rows;
+  static constexpr int residual_offset = part_rows * acc_row_bytes;
+  static constexpr int bias_offset = residual_offset + part_rows * residual_row_bytes;
+  static constexpr int groups_per_row = Cfg::block_n / 4;  // groups of 4 outputs
+  static_assert(bytes_for(part_rows) <= Cfg::smem_bytes, "the staging area fits the pipeline's buffers");
+  static_assert(part_rows % Cfg::warp_m == 0, "each warp's rows lie in one part");
+};
+
+// The activation of four values, with the switch outside the loop over them.
+__device__ __forceinline__ void activate4(float (&x)[4], Activation activation) {
+  switch (activation) {
+    case Activation::none: break;
+    case Activation::relu:
+#pragma unroll
+      for (float& v : x) v = activate(v, Activation::relu);
+      break;
+    case Activation::gelu_erf:
+#pragma unroll
+      for (float& v : x) v = activate(v, Activation::gelu_erf);
+      break;
+    case Activation::gelu_tanh:
+#pragma unroll
+      for (float& v : x) v = activate(v, Activation::gelu_tanh);
+      break;
+    case Activation::silu:
+#pragma unroll
+      for (float& v : x) v = activate(v, Activation::silu);
+      break;
+  }
 }
 
-// Chapter 2's GEMM: the accumulators are stored as they are.
-struct NoEpilogue {
-  static constexpr int outputs_per_pair = 2;
-  __device__ void operator()(float&, float&, int, int) const {}
-};
+__device__ __forceinline__ void load4(float (&x)[4], const __nv_bfloat16* p) {  // 8-byte aligned
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+}
 
-// out = act(acc + bias) + residual, rounded once. Both loads are guarded by col + 1 < n (odd N).
-// residual may be c itself: this thread reads its two elements here, before it stores them.
+// out = act(acc + bias) + residual, rounded once. residual may be c itself: each element is read
+// (into shared memory, or by the thread that stores it) before it is stored.
 struct BiasActivationResidual {
-  static constexpr int outputs_per_pair = 2;
-  const __nv_bfloat16* bias;      // [n] or null
-  const __nv_bfloat16* residual;  // [m, n] or null
+  static constexpr bool staged = true;
+  static constexpr int outputs_per_group = 4;  // C columns per 4 accumulators
+  const __nv_bfloat16* bias;                   // [n] or null
+  const __nv_bfloat16* residual;               // [m, n] or null
   int n;
   Activation activation;
-  bool paired;
-  __device__ void operator()(float& x, float& y, int row, int col) const {
-    const bool second = col + 1 < n;
+  bool vector;  // n % 8 == 0 and c, bias, residual 16-byte aligned: cp.async staging, 8-byte stores
+
+  // Four outputs at (row, col..col+3) of C, bias and residual already in shared memory.
+  __device__ void finish4(float (&x)[4], const __nv_bfloat16* bias4, const __nv_bfloat16* residual4,
+                          __nv_bfloat16* out) const {
     if (bias != nullptr) {
-      const float2 b = load_pair(bias + col, second, paired);
-      x += b.x;
-      y += b.y;
+      float b[4];
+      load4(b, bias4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] += b[e];
     }
-    x = activate(x, activation);
-    y = activate(y, activation);
+    activate4(x, activation);
     if (residual != nullptr) {
-      const float2 r = load_pair(residual + static_cast<std::int64_t>(row) * n + col, second, paired);
-      x += r.x;
-      y += r.y;
+      float r[4];
+      load4(r, residual4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] += r[e];
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(x[2], x[3]);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(out) = packed;
+  }
+
+  // The same, element by element from global memory, for the `count` outputs that exist.
+  __device__ void finish_each(float (&x)[4], int count, std::int64_t row, int col, __nv_bfloat16* c) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e < count && bias != nullptr) x[e] += __bfloat162float(bias[col + e]);
+    }
+    activate4(x, activation);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e >= count) break;
+      const std::int64_t at = row * n + col + e;
+      if (residual != nullptr) x[e] += __bfloat162float(residual[at]);
+      c[at] = __float2bfloat16_rn(x[e]);
     }
   }
 };
 
-// SwiGLU on interleaved gate/up rows: the pair (2j, 2j+1) is (gate_j, up_j), both in this thread's
-// registers, so the product needs no shuffle and no shared memory. n (even) counts W's rows.
+// SwiGLU on interleaved gate/up rows: accumulators (2j, 2j+1) are (gate_j, up_j), so 4 staged
+// accumulators give 2 outputs, out_j = silu(gate_j + bias_2j) · (up_j + bias_2j+1). n (even)
+// counts W's rows; C has n / 2 columns.
 struct SwiGlu {
-  static constexpr int outputs_per_pair = 1;
-  const __nv_bfloat16* bias;  // [n] interleaved like W, or null
-  __device__ void operator()(float& gate, float& up, int, int col) const {
+  static constexpr bool staged = true;
+  static constexpr int outputs_per_group = 2;
+  const __nv_bfloat16* bias;                // [n] interleaved like W, or null
+  const __nv_bfloat16* residual = nullptr;  // never used (validated); keeps the staging code common
+  int n;
+  bool vector;  // n % 8 == 0 and c, bias 16-byte aligned
+
+  __device__ void finish4(float (&x)[4], const __nv_bfloat16* bias4, const __nv_bfloat16*, __nv_bfloat16* out) const {
     if (bias != nullptr) {
-      const float2 b = load_pair(bias + col, true, true);  // col even, bias 4-byte aligned (validated)
-      gate += b.x;
-      up += b.y;
+      float b[4];
+      load4(b, bias4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] += b[e];
     }
-    gate = silu(gate) * up;
+    *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(silu(x[0]) * x[1], silu(x[2]) * x[3]);
+  }
+
+  // `count` (even) W columns from col on exist; col is even.
+  __device__ void finish_each(float (&x)[4], int count, std::int64_t row, int col, __nv_bfloat16* c) const {
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      if (2 * pair >= count) break;
+      float gate = x[2 * pair], up = x[2 * pair + 1];
+      if (bias != nullptr) {
+        gate += __bfloat162float(bias[col + 2 * pair]);
+        up += __bfloat162float(bias[col + 2 * pair + 1]);
+      }
+      c[row * (n / 2) + col / 2 + pair] = __float2bfloat16_rn(silu(gate) * up);
+    }
   }
 };
+
+// Steps 1-3 above for one block. acc is the main loop's accumulator array; `smem` the pipeline's
+// shared memory, free once every warp has passed the barrier at the top of each part.
+template <class Cfg, class Epilogue, class Acc>
+__device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& epilogue, unsigned char* smem,
+                                                __nv_bfloat16* c, int block_row0, int block_col0, int rows_left,
+                                                int cols_left, int warp_row0, int warp_col0) {
+  using S = Staging<Cfg>;
+  constexpr int kMTiles = Cfg::warp_m / 16;
+  constexpr int kNTiles = Cfg::warp_n / 8;
+  constexpr int kChunksPerTileRow = Cfg::block_n / 8;  // 16-byte chunks of a row of bias / residual
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  float* staged = reinterpret_cast<float*>(smem);
+  const auto* residual_tile = reinterpret_cast<const __nv_bfloat16*>(smem + S::residual_offset);
+  const auto* bias_tile = reinterpret_cast<const __nv_bfloat16*>(smem + S::bias_offset);
+  const std::int64_t ldc = Epilogue::outputs_per_group == 4 ? epilogue.n : epilogue.n / 2;
+
+#pragma unroll 1
+  for (int part = 0; part < S::parts; ++part) {
+    const int part_row0 = part * S::part_rows;
+    __syncthreads();  // the main loop (or the previous part) is done with shared memory
+
+    if (epilogue.vector) {
+      if (epilogue.residual != nullptr) {
+        for (int q = tid; q < S::part_rows * kChunksPerTileRow; q += Cfg::threads) {
+          const int r = q / kChunksPerTileRow, chunk = q % kChunksPerTileRow;
+          if (part_row0 + r < rows_left && chunk * 8 < cols_left) {
+            const __nv_bfloat16* src = epilogue.residual +
+                                       static_cast<std::int64_t>(block_row0 + part_row0 + r) * epilogue.n + block_col0 +
+                                       chunk * 8;
+            cp_async_16(shared_address(smem + S::residual_offset + r * S::residual_row_bytes + chunk * 16), src, true);
+          }
+        }
+      }
+      if (part == 0 && epilogue.bias != nullptr) {
+        for (int chunk = tid; chunk < kChunksPerTileRow; chunk += Cfg::threads) {
+          if (chunk * 8 < cols_left) {
+            cp_async_16(shared_address(smem + S::bias_offset + chunk * 16), epilogue.bias + block_col0 + chunk * 8,
+                        true);
+          }
+        }
+      }
+      cp_async_commit();
+    }
+
+    // Step 1: the warps whose rows are in this part write their accumulators: lane (g, t) of an
+    // m16n8 tile holds rows g and g+8, columns 2t and 2t+1.
+    if (warp_row0 / S::part_rows == part) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = warp_row0 - part_row0 + 16 * mt + lane / 4 + 8 * half;
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
+            *reinterpret_cast<float2*>(&staged[r * S::acc_ld + col]) =
+                make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Step 3: groups of 4 accumulators of a row, consecutive threads on consecutive groups.
+#pragma unroll 1
+    for (int g = tid; g < S::part_rows * S::groups_per_row; g += Cfg::threads) {
+      const int r = g / S::groups_per_row;
+      const int col = g % S::groups_per_row * 4;
+      if (part_row0 + r >= rows_left || col >= cols_left) continue;
+      const float4 v = *reinterpret_cast<const float4*>(&staged[r * S::acc_ld + col]);
+      float x[4] = {v.x, v.y, v.z, v.w};
+      const std::int64_t row = block_row0 + part_row0 + r;
+      if (epilogue.vector) {  // cols_left is then a multiple of 8: the whole group exists
+        __nv_bfloat16* out = c + row * ldc + (block_col0 + col) * Epilogue::outputs_per_group / 4;
+        epilogue.finish4(x, bias_tile + col, residual_tile + r * Cfg::block_n + col, out);
+      } else {
+        const int count = cols_left - col < 4 ? cols_left - col : 4;
+        epilogue.finish_each(x, count, row, block_col0 + col, c);
+      }
+    }
+  }
+}
 
 template <class Cfg, class Epilogue>
 __global__ void __launch_bounds__(Cfg::threads)
@@ -364,32 +554,26 @@ __global__ void __launch_bounds__(Cfg::threads)
   }
   cp_async_wait<0>();  // only empty groups can be left; leave nothing in flight at exit
 
-  // Epilogue: acc[mt][nt] holds rows g and g+8, columns 2t and 2t+1 of the 16×8 tile at
+  if constexpr (Epilogue::staged) {
+    staged_epilogue<Cfg>(acc, epilogue, smem, c, block_row0, block_col0, rows_left, cols_left, warp_row0, warp_col0);
+    return;
+  }
+  // Store: acc[mt][nt] holds rows g and g+8, columns 2t and 2t+1 of the 16×8 tile at
   // (warp_row0 + 16·mt, warp_col0 + 8·nt). Each pair of columns becomes one bf16x2 store; the four
   // lanes of a row write 16 contiguous bytes and the eight n8 tiles of the warp a 128-byte row.
-  // The hook sees each pair first, with its row and column in C (in W's columns for SwiGLU).
-  constexpr int kOut = Epilogue::outputs_per_pair;
-  const std::int64_t ldc = n / (2 / kOut);  // C's row length: n, or n / 2 when a pair folds to one
-  __nv_bfloat16* c_block = c + static_cast<std::int64_t>(block_row0) * ldc + block_col0 / (2 / kOut);
+  __nv_bfloat16* c_block = c + static_cast<std::int64_t>(block_row0) * n + block_col0;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp_row0 + 16 * mt + lane / 4 + 8 * half;
       if (row >= rows_left) continue;
-      __nv_bfloat16* c_row = c_block + static_cast<std::int64_t>(row) * ldc;
+      __nv_bfloat16* c_row = c_block + static_cast<std::int64_t>(row) * n;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
-        float x = acc[mt][nt][2 * half];
-        float y = acc[mt][nt][2 * half + 1];
-        if (col >= cols_left) continue;  // keeps the hook's loads inside the matrices too
-        epilogue(x, y, block_row0 + row, block_col0 + col);
-        if constexpr (kOut == 2) {
-          store_pair(c_row + col, x, y, cols_left - col, paired);
-        } else {
-          c_row[col / 2] = __float2bfloat16_rn(x);  // n even: the pair is whole
-        }
+        if (col >= cols_left) continue;
+        store_pair(c_row + col, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], cols_left - col, paired);
       }
     }
   }
@@ -492,6 +676,7 @@ const char* to_string(GemmBf16Tile tile) {
     case GemmBf16Tile::small: return "small";
     case GemmBf16Tile::large_early_refill: return "large_early_refill";
     case GemmBf16Tile::medium_two_blocks: return "medium_two_blocks";
+    case GemmBf16Tile::large_staged_store: return "large_staged_store";
   }
   return "unknown";
 }
@@ -499,6 +684,7 @@ const char* to_string(GemmBf16Tile tile) {
 GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_block_optin) {
   switch (tile) {
     case GemmBf16Tile::large:
+    case GemmBf16Tile::large_staged_store:
       return LargeTile4::smem_bytes <= smem_per_block_optin ? info_of<LargeTile4>(smem_per_block_optin)
                                                             : info_of<LargeTile3>(smem_per_block_optin);
     case GemmBf16Tile::medium:
@@ -658,6 +844,15 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
       }
       break;
     case GemmBf16Tile::medium_two_blocks: launch<MediumTwoBlocksTile>(a, w, c, shape, paired, epilogue, stream); break;
+    case GemmBf16Tile::large_staged_store:
+      if constexpr (Epilogue::staged) {  // Chapter 3's epilogues are staged on every tile
+        run(a, w, c, shape, GemmBf16Tile::large, limits, stream, epilogue);
+      } else {  // the identity as a staged epilogue: no bias, no activation, no residual
+        const BiasActivationResidual store{nullptr, nullptr, static_cast<int>(shape.n), Activation::none,
+                                           shape.n % 8 == 0 && aligned_to(c, 16)};
+        run(a, w, c, shape, GemmBf16Tile::large, limits, stream, store);
+      }
+      return;
   }
   check_launch();
 }
@@ -682,16 +877,15 @@ namespace {
 void run_epilogue(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                   const GemmBf16Epilogue& epilogue, GemmBf16Tile tile, const DeviceLimits& limits,
                   cudaStream_t stream) {
+  // The staged epilogue's fast path: 16-byte cp.async of bias and residual rows, 8-byte stores.
+  const bool vector =
+      shape.n % 8 == 0 && aligned_to(c, 16) && aligned_to(epilogue.bias, 16) && aligned_to(epilogue.residual, 16);
+  const int n = static_cast<int>(shape.n);
   if (epilogue.swiglu) {
-    run(a, w, c, shape, tile, limits, stream, SwiGlu{epilogue.bias});
+    run(a, w, c, shape, tile, limits, stream, SwiGlu{epilogue.bias, nullptr, n, vector});
   } else {
-    // Bias and residual pairs are read with one 4-byte load under the stores' rule (N even, every
-    // pointer 4-byte aligned); otherwise element by element.
-    const bool paired =
-        shape.n % 2 == 0 && aligned_to(c, 4) && aligned_to(epilogue.bias, 4) && aligned_to(epilogue.residual, 4);
     run(a, w, c, shape, tile, limits, stream,
-        BiasActivationResidual{epilogue.bias, epilogue.residual, static_cast<int>(shape.n), epilogue.activation,
-                               paired});
+        BiasActivationResidual{epilogue.bias, epilogue.residual, n, epilogue.activation, vector});
   }
 }
 
