@@ -2,7 +2,7 @@
 # Unpacks the archive tools/gpu_suite.sh left under $OUT (or its unpacked folder kc_gpu_run/, which
 # a run cut short leaves without the archive) into docs/results/<gpu>/ (default h200),
 # keeping the raw JSON, metadata, profiles and generated tables/plots, and the run's logs under
-# docs/results/<gpu>/logs/ (ctest summary, sanitizer summaries, ptxas report).
+# docs/results/<gpu>/logs/<commit>/ (ctest summary, sanitizer summaries, ptxas report).
 #   tools/import_gpu_run.sh path/to/kc_gpu_run.tar.gz|path/to/kc_gpu_run [gpu]
 set -euo pipefail
 archive=$1
@@ -15,13 +15,24 @@ if [ -d "$archive" ]; then
 else
   tar -xzf "$archive" -C "$tmp"
 fi
-mkdir -p "$dest" "$dest/logs"
+mkdir -p "$dest"
+# The run's commit (from its metadata) names its log folder, and each chapter it measured gets a
+# copy of the run's metadata as chNN_metadata.json: a later run of other chapters overwrites
+# metadata.json, not the record of the run that measured a given chapter.
+commit=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("commit") or "unknown")' "$tmp/results/metadata.json")
+logs=$dest/logs/$commit
+mkdir -p "$logs"
 cp "$tmp"/results/* "$dest"/
-for f in ctest.log ptxas.txt nvidia-smi.csv; do [ -f "$tmp/logs/$f" ] && cp "$tmp/logs/$f" "$dest/logs/"; done
+for bench in "$tmp"/results/ch*_bench.json; do
+  [ -f "$bench" ] || continue
+  chapter=$(basename "$bench" _bench.json)
+  cp "$tmp/results/metadata.json" "$dest/${chapter}_metadata.json"
+done
+for f in ctest.log ptxas.txt nvidia-smi.csv; do [ -f "$tmp/logs/$f" ] && cp "$tmp/logs/$f" "$logs/"; done
 for f in "$tmp"/logs/sanitizer_*.log; do
   [ -f "$f" ] || continue
   # Keep the verdict lines only: the full logs repeat the test output.
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|SKIPPED" "$f" >"$dest/logs/$(basename "$f")" || true
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|SKIPPED" "$f" >"$logs/$(basename "$f")" || true
 done
 rm -rf "$tmp"
 python3 "$root/tools/kc_results.py" chapter-map --results-dir "$dest" --readme "$root/README.md"

@@ -356,9 +356,13 @@ def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
     return chapters
 
 
-def load_metadata(results_dir: str) -> Dict[str, Any]:
-    """Reads ``metadata.json`` of a results folder; a missing file gives an empty dict."""
+def load_metadata(results_dir: str, chapter_id: Optional[str] = None) -> Dict[str, Any]:
+    """Reads the run metadata of a results folder: ``chNN_metadata.json`` (the run that measured
+    that chapter, written by tools/import_gpu_run.sh) when ``chapter_id`` is given and it exists,
+    else ``metadata.json`` (the latest run); a missing file gives an empty dict."""
     path = os.path.join(results_dir, "metadata.json")
+    if chapter_id is not None and os.path.isfile(os.path.join(results_dir, "%s_metadata.json" % chapter_id)):
+        path = os.path.join(results_dir, "%s_metadata.json" % chapter_id)
     if not os.path.exists(path):
         return {}
     try:
@@ -595,9 +599,10 @@ def load_chapter_results(results_dir: str, chapter_id: str,
     paths = chapter_files(results_dir, chapter_id)
     if not paths or not paths[0].endswith("_bench.json"):
         return None
-    if metadata is None:
-        metadata = load_metadata(results_dir)
-    has_metadata = os.path.isfile(os.path.join(results_dir, "metadata.json"))
+    own = os.path.isfile(os.path.join(results_dir, "%s_metadata.json" % chapter_id))
+    if metadata is None or own:  # the chapter's own run wins over the folder's latest
+        metadata = load_metadata(results_dir, chapter_id)
+    has_metadata = own or os.path.isfile(os.path.join(results_dir, "metadata.json"))
     return ChapterResults(chapter_id, [load_benchmark_file(p) for p in paths], metadata, has_metadata)
 
 

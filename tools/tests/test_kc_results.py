@@ -254,6 +254,16 @@ class MetadataTest(unittest.TestCase):
         self.assertEqual(kr.merge_metadata(metadata, [context])["mem_clock_mhz"], "3201.5")
         self.assertEqual(kr.merge_metadata({}, [context])["mem_clock_mhz"], "3201")
 
+    def test_chapter_metadata_wins_over_the_latest_run(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "metadata.json"), "w") as f:
+                json.dump({"commit": "latest"}, f)
+            with open(os.path.join(tmp, "ch01_metadata.json"), "w") as f:
+                json.dump({"commit": "ch01run"}, f)
+            self.assertEqual(kr.load_metadata(tmp)["commit"], "latest")
+            self.assertEqual(kr.load_metadata(tmp, "ch01")["commit"], "ch01run")
+            self.assertEqual(kr.load_metadata(tmp, "ch02")["commit"], "latest")
+
     def test_invalid_metadata_is_an_error(self):
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(tmp, "metadata.json"), "w") as f:
