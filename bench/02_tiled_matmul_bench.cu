@@ -99,6 +99,7 @@ void register_tuning(const kc::DeviceInfo& device) {
   const kc::ch02::GemmBf16Tile tiles[] = {kc::ch02::GemmBf16Tile::large,
                                           kc::ch02::GemmBf16Tile::medium,
                                           kc::ch02::GemmBf16Tile::small,
+                                          kc::ch02::GemmBf16Tile::narrow,
                                           kc::ch02::GemmBf16Tile::large_early_refill,
                                           kc::ch02::GemmBf16Tile::medium_two_blocks,
                                           kc::ch02::GemmBf16Tile::large_staged_store};
@@ -116,8 +117,8 @@ void register_tuning(const kc::DeviceInfo& device) {
           });
     }
   }
-  for (const GemmShape& shape :
-       {GemmShape{4096, 4096, 4096}, GemmShape{8192, 8192, 8192}, GemmShape{128, 4096, 7168}}) {
+  for (const GemmShape& shape : {GemmShape{4096, 4096, 4096}, GemmShape{8192, 8192, 8192}, GemmShape{128, 4096, 7168},
+                                 GemmShape{16, 4096, 7168}}) {
     for (kc::ch02::GemmBf16Tile tile : tiles) {
       if (!kc::ch02::gemm_bf16_tile_info(tile, device.smem_per_block_optin).fits) continue;
       using Bf16 = __nv_bfloat16;

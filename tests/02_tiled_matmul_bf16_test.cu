@@ -116,7 +116,7 @@ TEST(GemmBf16Arguments, RejectsShapesNeedingTooManyBlocks) {
       [&] {
         kc::ch02::validate_gemm_bf16(a.data, w.data, c.data, {0x7FFFFFFF, 0x7FFFFFFF, 8});
       },
-      "must need at most 2^31 - 1 tiles of 64 x 64");
+      "must need at most 2^31 - 1 tiles of 64 x 32");
 }
 
 // The launch functions validate before touching CUDA: on a machine without a GPU these throw
@@ -164,6 +164,14 @@ TEST(GemmBf16Tiles, InfoFollowsSharedMemory) {
   EXPECT_EQ(small.block_n, 64);
   EXPECT_EQ(small.warps, 4);
   EXPECT_TRUE(small.fits);
+
+  const auto narrow = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::narrow, kRtxSmem);
+  EXPECT_EQ(narrow.block_m, 64);
+  EXPECT_EQ(narrow.block_n, 32);
+  EXPECT_EQ(narrow.warps, 4);
+  EXPECT_EQ(narrow.stages, 8);
+  EXPECT_EQ(narrow.smem_bytes, 8u * (64 + 32) * 64 * 2);
+  EXPECT_TRUE(narrow.fits);
 }
 
 // The tuning tiles: the large tile's shape and stages with another schedule, and a 128×128 tile of
@@ -209,10 +217,13 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
   EXPECT_EQ(choose_gemm_bf16_tile({4096, 4096, 4096}, 128, kRtxSmem), GemmBf16Tile::medium);
   // 1024 x 4096: the large tile gives 128 blocks (< 132 SMs), the medium one 256.
   EXPECT_EQ(choose_gemm_bf16_tile({1024, 4096, 4096}, 132, kH200Smem), GemmBf16Tile::medium);
-  // Chapter 3's MoE shape: M = 128 leaves large and medium tiles with 16 and 32 blocks.
-  EXPECT_EQ(choose_gemm_bf16_tile({128, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::small);
+  // Chapter 3's MoE shape: M = 128 leaves large, medium and small tiles with 16, 32 and 128 blocks.
+  EXPECT_EQ(choose_gemm_bf16_tile({128, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::narrow);
+  EXPECT_EQ(choose_gemm_bf16_tile({16, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::narrow);
+  // 256 x 4096: the small tile's 256 blocks fill the GPU.
+  EXPECT_EQ(choose_gemm_bf16_tile({256, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::small);
   // Nothing fills the GPU: the tile with the most blocks.
-  EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 132, kH200Smem), GemmBf16Tile::small);
+  EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 132, kH200Smem), GemmBf16Tile::narrow);
   // One SM: any grid fills it, so the largest tile.
   EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 1, kH200Smem), GemmBf16Tile::large);
   // The tuning tiles are never chosen.
@@ -240,6 +251,7 @@ TEST(GemmBf16Tiles, Names) {
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large), "large");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium), "medium");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small), "small");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow), "narrow");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_early_refill), "large_early_refill");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium_two_blocks), "medium_two_blocks");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_staged_store), "large_staged_store");
@@ -411,8 +423,8 @@ TEST_P(GemmBf16TileGpu, SeveralTilesEachWay) {
 
 INSTANTIATE_TEST_SUITE_P(GemmBf16, GemmBf16TileGpu,
                          ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
-                                           GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
-                                           GemmBf16Tile::large_staged_store),
+                                           GemmBf16Tile::narrow, GemmBf16Tile::large_early_refill,
+                                           GemmBf16Tile::medium_two_blocks, GemmBf16Tile::large_staged_store),
                          [](const ::testing::TestParamInfo<GemmBf16Tile>& info) {
                            return std::string(kc::ch02::to_string(info.param));
                          });

@@ -10,6 +10,7 @@
 // CPU tests of activate() instead; a missing bias or residual gives errors of order 1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -307,8 +308,8 @@ TEST_F(FusedEpilogueGpu, EveryOptionMatchesFp64) {
 TEST_F(FusedEpilogueGpu, EveryTile) {
   const std::uint64_t seed = kc::test::test_seed();
   for (GemmBf16Tile tile :
-       {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::large_early_refill,
-        GemmBf16Tile::medium_two_blocks, GemmBf16Tile::large_staged_store}) {
+       {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow,
+        GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks, GemmBf16Tile::large_staged_store}) {
     if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) continue;
     SCOPED_TRACE(kc::ch02::to_string(tile));
     for (GemmShape s : {GemmShape{33, 40, 56}, GemmShape{129, 257, 72}, GemmShape{300, 520, 200}}) {
@@ -328,17 +329,48 @@ TEST_F(FusedEpilogueGpu, MemoryBoundGoalShape) {
 }
 
 // residual == c: the fused kernel reads each element before it overwrites it, so c = f(A·Wᵀ) + c.
+// N = 130 takes the element-by-element loop; N = 136 the vector loop, which copies the residual
+// rows into shared memory first (the large tile in two halves of rows).
 TEST_F(FusedEpilogueGpu, ResidualMayBeCInPlace) {
-  const GemmShape s{67, 130, 64};
-  const Problem p = random_problem(s, kc::test::test_seed());
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w), bias(p.bias), c(p.residual);
-  kc::ch03::linear_fused(a.data(), w.data(), c.data(), s, {bias.data(), Activation::gelu_erf, c.data(), false});
-  const std::vector<double> want = kc::ch03::linear_reference(widen(p.a), widen(p.w), widen(p.bias), widen(p.residual),
-                                                              Activation::gelu_erf, s.m, s.n, s.k);
-  kc::test::expect_close(kc::compare<bf16>(c.to_host(), want), kTolerance, "in place");
+  for (const std::int64_t n : {130, 136}) {
+    const GemmShape s{200, n, 64};
+    const Problem p = random_problem(s, kc::test::test_seed());
+    const std::vector<double> want = kc::ch03::linear_reference(widen(p.a), widen(p.w), widen(p.bias),
+                                                                widen(p.residual), Activation::gelu_erf, s.m, s.n, s.k);
+    for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow}) {
+      if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) continue;
+      SCOPED_TRACE(std::string(kc::ch02::to_string(tile)) + " n=" + std::to_string(n));
+      kc::DeviceBuffer<bf16> a(p.a), w(p.w), bias(p.bias), c(p.residual);
+      kc::ch02::gemm_bf16_epilogue_with_tile(a.data(), w.data(), c.data(), s,
+                                             {bias.data(), Activation::gelu_erf, c.data(), false}, tile);
+      kc::test::expect_close(kc::compare<bf16>(c.to_host(), want), kTolerance, "in place");
+    }
+  }
 }
 
-// SwiGLU: fused on interleaved weights, unfused on halves, both against the fp64 gate/up reference.
+// N is a multiple of 8, but bias, residual and c start 2 bytes past a 16-byte boundary: the
+// epilogue must notice and take the element-by-element loop (cp.async needs 16-byte sources).
+TEST_F(FusedEpilogueGpu, UnalignedPointersTakeTheElementLoop) {
+  const GemmShape s{70, 136, 64};
+  const Problem p = random_problem(s, kc::test::test_seed());
+  const auto mn = static_cast<std::size_t>(s.m * s.n);
+  std::vector<bf16> bias_shifted(p.bias.size() + 1), residual_shifted(mn + 1);
+  std::copy(p.bias.begin(), p.bias.end(), bias_shifted.begin() + 1);
+  std::copy(p.residual.begin(), p.residual.end(), residual_shifted.begin() + 1);
+  kc::DeviceBuffer<bf16> a(p.a), w(p.w), bias(bias_shifted), residual(residual_shifted);
+  kc::test::GuardedOutput<bf16> c(mn + 1);
+  kc::ch03::linear_fused(a.data(), w.data(), c.data() + 1, s,
+                         {bias.data() + 1, Activation::gelu_tanh, residual.data() + 1, false});
+  std::vector<bf16> got = c.to_host();
+  got.erase(got.begin());  // element 0 lies before c: it must still be poison
+  const std::vector<double> want = kc::ch03::linear_reference(widen(p.a), widen(p.w), widen(p.bias), widen(p.residual),
+                                                              Activation::gelu_tanh, s.m, s.n, s.k);
+  kc::test::expect_close(kc::compare<bf16>(got, want, kc::test::kPoisonByte), kTolerance, "unaligned");
+  EXPECT_EQ(c.guard_damage(), 0u) << "wrote past the end of c";
+  const std::vector<bf16> all = c.to_host();
+  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(all.data(), 1), kc::test::kPoisonByte), 1u) << "wrote before c";
+}
+
 TEST_F(FusedEpilogueGpu, Swiglu) {
   const std::uint64_t seed = kc::test::test_seed();
   for (GemmShape s : {GemmShape{1, 2, 8}, GemmShape{67, 262, 72}, GemmShape{130, 512, 200}}) {

@@ -45,6 +45,9 @@ METRICS: Dict[str, str] = {
     "st_requests": "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
     "occupancy": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "tensor_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    # The SM clock while the kernel ran: heavy kernels run below the clock nvidia-smi reports as
+    # the maximum (power), and a rate compared with a peak measured at another clock misleads.
+    "sm_clock": "sm__cycles_elapsed.avg.per_second",
 }
 
 NA = "n/a"
@@ -56,6 +59,8 @@ _BYTE_UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1
                "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
                "Kibyte": 2.0 ** 10, "Mibyte": 2.0 ** 20, "Gibyte": 2.0 ** 30, "Tibyte": 2.0 ** 40}
 _COUNT_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9}
+_RATE_UNITS = {"hz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9, "cycle/second": 1.0, "cycle/usecond": 1e6,
+               "cycle/nsecond": 1e9, "cycle/ns": 1e9, "1/second": 1.0, "/second": 1.0}
 
 
 class ProfileError(Exception):
@@ -93,6 +98,8 @@ def _unit_scale(metric: str, unit: str) -> Optional[float]:
         return _BYTE_UNITS.get(unit, 1.0 if unit == "" else None)
     if metric.endswith(".pct") or "pct_of_peak" in metric:
         return 1.0  # "%"
+    if metric.endswith(".per_second"):  # a rate: to per second
+        return _RATE_UNITS.get(unit.lower(), 1.0 if unit == "" else None)
     for suffix in ("sector", "request", ""):
         for prefix, scale in _COUNT_UNITS.items():
             if unit == prefix + suffix:
@@ -201,6 +208,7 @@ def summarize(kernel: KernelRow) -> List[Tuple[str, str]]:
     lines.append(("global store sectors/request", "%.2f" % st if st is not None else NA))
     lines.append(("achieved occupancy", pct("occupancy")))
     lines.append(("tensor pipe utilisation", pct("tensor_pct")))
+    lines.append(("SM clock", "%.2f GHz" % (v["sm_clock"] / 1e9) if "sm_clock" in v else NA))
     return lines
 
 

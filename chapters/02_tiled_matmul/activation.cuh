@@ -14,7 +14,16 @@ namespace kc::ch02 {
 
 /// SiLU, x · sigmoid(x). Written as x / (1 + e^-x): for very negative x, e^-x overflows to +inf
 /// and the quotient is -0, the right limit, instead of the NaN that x · (1 / (1 + inf)) · ... risks.
-__host__ __device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }
+/// On the GPU with the fast intrinsics (__expf: ex2.approx; __fdividef: a reciprocal and a
+/// multiply), about 4 instructions instead of ~25, with errors far below bf16's rounding step; for
+/// x below about -88, e^-x is +inf, the reciprocal 0 and the result -0 as before.
+__host__ __device__ inline float silu(float x) {
+#ifdef __CUDA_ARCH__
+  return __fdividef(x, 1.0f + __expf(-x));
+#else
+  return x / (1.0f + expf(-x));
+#endif
+}
 
 /// tanh for an epilogue whose output is bf16. On the GPU, the hardware's tanh.approx.f32 (one
 /// instruction, relative error below 2^-10.9 per the PTX ISA) instead of tanhf's ~20 instructions:

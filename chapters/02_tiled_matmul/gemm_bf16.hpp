@@ -30,14 +30,18 @@
 
 namespace kc::ch02 {
 
-/// The block tiles of the bf16 GEMM: large, medium and small, which choose_gemm_bf16_tile picks
-/// from, and two tuning tiles that only gemm_bf16_with_tile runs (the benchmark's KC_TUNE sweep).
+/// The block tiles of the bf16 GEMM: large, medium, small and narrow, which choose_gemm_bf16_tile
+/// picks from, and three tuning tiles that only gemm_bf16_with_tile runs (the benchmark's KC_TUNE sweep).
 /// K advances 64 at a time through a cp.async pipeline of several stages (each stage holds a
 /// 64-wide slice of A's and W's rows).
 enum class GemmBf16Tile {
   large,   ///< 128×256, 8 warps of 64×64; 4 stages (192 KiB) where they fit (sm_90), else 3 (144 KiB, sm_80)
   medium,  ///< 128×128, 8 warps of 64×32; 4 stages (128 KiB), or 3 (96 KiB) on the 99 KiB parts (sm_86, sm_89)
   small,   ///< 64×64, 4 warps of 32×32, 6 stages (96 KiB): many blocks, many bytes in flight, for small M or N
+  /// 64×32, 4 warps of 16×32, 8 stages (96 KiB): twice the small tile's blocks for the decode and
+  /// MoE shapes (M = 16 or 128, N = 4096), where the small tile leaves half the SMs idle while the
+  /// GEMM streams W; more shared-memory reads per mma, which those memory-bound shapes can afford.
+  narrow,
   /// Tuning tile (never chosen by choose_gemm_bf16_tile): the large tile with the early-refill
   /// schedule. Each slice's cp.async are issued right after the barrier and the next slice's first
   /// ldmatrix, into the buffer every warp has just read, so that no ldmatrix waits behind them just
@@ -71,7 +75,7 @@ struct GemmBf16TileInfo {
 /// memory (cudaDevAttrMaxSharedMemoryPerBlockOptin). Host-only, no CUDA call.
 GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_block_optin);
 
-/// The tile gemm_bf16 uses: of large, medium and small (never a tuning tile), the largest one that
+/// The tile gemm_bf16 uses: of large, medium, small and narrow (never a tuning tile), the largest one that
 /// fits in shared memory and still gives every SM at least one block (grid >= @p sm_count); when
 /// none does (small M or N), the fitting tile with the most blocks. Host-only, no CUDA call.
 /// Throws kc::InvalidArgument for a bad @p shape or sm_count.
@@ -101,7 +105,7 @@ void gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
 void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
-/// The printable name of @p tile ("large", "medium", "small", "large_early_refill", "medium_two_blocks",
+/// The printable name of @p tile ("large", "medium", "small", "narrow", "large_early_refill", "medium_two_blocks",
 /// "large_staged_store").
 const char* to_string(GemmBf16Tile tile);
 

@@ -80,6 +80,16 @@ class ParseTest(unittest.TestCase):
         self.assertTrue(lines[0].startswith('"ID","Process ID"'))
         self.assertEqual(len(lines), 4)
 
+    def test_clock_rates(self):
+        metric = kp.METRICS["sm_clock"]
+        self.assertEqual(kp._unit_scale(metric, "Ghz"), 1e9)
+        self.assertEqual(kp._unit_scale(metric, "cycle/nsecond"), 1e9)
+        self.assertEqual(kp._unit_scale(metric, "hz"), 1.0)
+        self.assertEqual(kp._unit_scale(metric, ""), 1.0)
+        self.assertIsNone(kp._unit_scale(metric, "furlong/fortnight"))
+        line = dict(kp.summarize(kp.KernelRow("1", "k", "(1, 1, 1)", "(32, 1, 1)", {"sm_clock": 1.73e9})))
+        self.assertEqual(line["SM clock"], "1.73 GHz")
+
     def test_numbers(self):
         self.assertEqual(kp.parse_number('1,234,567'), 1234567.0)
         self.assertEqual(kp.parse_number(' 12.5 '), 12.5)

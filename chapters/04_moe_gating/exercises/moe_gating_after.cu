@@ -6,25 +6,36 @@
 //
 // Layout. A row of E experts is spread over L lanes (a "segment"); each lane holds N values in V-wide
 // vectors: value j of segment lane s is expert ((j / V) * L + s) * V + j % V, so one load instruction
-// of the warp reads L * V consecutive experts (coalesced). E = 8 uses one thread per row (L = 1, no
-// shuffles at all); E = 256 a warp per row with 8 values per lane; E = 512 16 values per lane.
+// of the warp reads L * V consecutive experts (coalesced). E <= 8 uses one thread per row (L = 1, no
+// shuffles at all), E <= 64 eight lanes, E <= 128 sixteen; E = 256 a warp per row with 8 values per
+// lane; E = 512 16 values per lane.
+//
+// Bytes in flight. A grid-stride loop over one wave of blocks (as many as fit, asked from the
+// occupancy API), and each warp issues the loads of its next row before it selects on the current
+// one: a row is always in flight per warp, instead of nothing while the warp computes.
 //
 // Selection. A value becomes an unsigned key with the order we want (gating_device.cuh: larger
 // value = larger key, NaN below -Inf, taken experts 0). One round finds the segment's best key and,
 // among lanes holding that key, the lowest expert id: that is the tie rule, and it makes the order
 // total, so every run and every path agrees bit for bit.
+//   - Each lane keeps its two best untaken experts (c1, c2), found once per row. Only c1 competes in
+//     a round; the winning lane moves c2 up. Only a lane that wins a second time with no c2 left
+//     makes the warp rescan (lane_top2: the best two after the last winner). For random rows of
+//     E = 256, k = 8 that is about one rescan every other row, where version 1 rescanned N keys and
+//     marked the winner taken in every round (~75 SASS instructions a round, now ~20). The pair is
+//     built by a tournament (tournament_top2), and every per-value step (keys, the rescan filter)
+//     is branch-free: at 496 rows per SM the kernel is limited by instructions issued, not bytes.
 //   - L = 32: two redux.sync per round (a max over keys, then a min over the ids holding that max).
-//     redux.sync reduces a 32-bit integer across the warp in one instruction. For k = 8 that is 16,
-//     plus one for the row max: 17 warp-wide operations a row, against ~90 shuffles for a
-//     butterfly over packed 64-bit (key, id) pairs (5 steps x 2 shuffles x k rounds + the softmax).
+//     redux.sync reduces a 32-bit integer across the warp in one instruction.
 //   - L < 32: a log2(L)-step butterfly of __shfl_xor_sync over a packed 64-bit (key, ~id): 2 shuffles
 //     per step (E = 64: 3 steps, 6 shuffles a round).
-// After a round the owning lane marks its value taken and every lane rescans its N keys (N compares).
 //
-// Softmax. The ranking of probabilities is the ranking of logits, so selection runs on logits. The
-// full softmax denominator (softmax_then_topk without renormalisation) needs exp over all E values
-// and one segment sum (5 shuffles at L = 32); renormalised softmax and topk_then_softmax need only
-// the k winners' exps, which every lane can add up itself because every lane sees each winner's key.
+// Softmax. The ranking of probabilities is the ranking of logits, so selection runs on logits and
+// no exp is computed inside the rounds. Afterwards the lane holding slot r computes that winner's
+// exp once, and one segment sum (5 shuffles at L = 32) gives the renormalising denominator. The full
+// softmax denominator (softmax_then_topk without renormalisation) needs exp over all E values
+// instead; topk_then_softmax is the renormalised case.
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -43,7 +54,7 @@ using detail::kTakenKey;
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
-constexpr int kBlocksPerSm = 8;
+constexpr int kCachedDevices = 16;  // devices whose occupancy the launch functions remember
 
 template <int kBytes>
 struct RawVector;
@@ -76,21 +87,61 @@ __device__ __forceinline__ int expert_of(int j, int seg_lane) {
   return ((j / V) * L + seg_lane) * V + j % V;
 }
 
-// A lane's (or a segment's) best remaining expert.
+// A lane's (or a segment's) best remaining expert. The order is total: a larger key first, and
+// among equal keys the lower id. kNone (key kTakenKey) loses to every expert.
 struct Candidate {
   unsigned key;
   int id;
 };
+constexpr Candidate kNone{kTakenKey, 0x7FFFFFFF};
 
-// Strict '>' keeps the first of equal keys: values are stored in increasing expert order.
-template <int L, int N, int V>
-__device__ __forceinline__ Candidate local_best(const unsigned (&key)[N], int seg_lane) {
-  Candidate best{key[0], expert_of<L, V>(0, seg_lane)};
-#pragma unroll
-  for (int j = 1; j < N; ++j) {
-    if (key[j] > best.key) best = {key[j], expert_of<L, V>(j, seg_lane)};
+// The best two of the lane's keys u[kFirst, kFirst + kCount), by a tournament: halves, then one
+// merge of two sorted pairs. Candidate ids here are indices j into u, and every index of the first
+// half is lower than every index of the second, so an equal key keeps the first half's candidate
+// (the lower id) with one unsigned compare, no id compare. About 6 instructions a key, against ~11
+// for inserting the keys one by one into a sorted pair.
+template <int kFirst, int kCount, int N>
+__device__ __forceinline__ void tournament_top2(const unsigned (&u)[N], Candidate& c1, Candidate& c2) {
+  if constexpr (kCount == 1) {
+    c1 = {u[kFirst], kFirst};
+    c2 = kNone;
+  } else {
+    Candidate a1, a2, b1, b2;
+    tournament_top2<kFirst, kCount / 2>(u, a1, a2);
+    tournament_top2<kFirst + kCount / 2, kCount - kCount / 2>(u, b1, b2);
+    const bool b_leads = b1.key > a1.key;
+    c1 = b_leads ? b1 : a1;
+    // The runner-up is the better of the leader's partner and the other pair's best.
+    const Candidate early = b_leads ? a1 : a2;  // from the first half: wins a tie
+    const Candidate late = b_leads ? b2 : b1;
+    c2 = late.key > early.key ? late : early;
   }
-  return best;
+}
+
+// The lane's two best experts among those that come after `last` in the order (key descending, id
+// ascending). The winners so far are exactly the experts up to and including `last`, so this is
+// "the best two not yet taken" without marking anything: the keys are never written. The first
+// call per row uses lane_top2_all (no filter). Ids leave as expert ids; kNone's id is meaningless
+// (every user checks the key first).
+template <int L, int N, int V>
+__device__ __forceinline__ void lane_top2_all(const unsigned (&key)[N], int seg_lane, Candidate& c1, Candidate& c2) {
+  tournament_top2<0, N>(key, c1, c2);
+  c1.id = expert_of<L, V>(c1.id, seg_lane);
+  c2.id = expert_of<L, V>(c2.id, seg_lane);
+}
+
+template <int L, int N, int V>
+__device__ __forceinline__ void lane_top2(const unsigned (&key)[N], int seg_lane, Candidate last, Candidate& c1,
+                                          Candidate& c2) {
+  // "After last" as one compare: a key below last.key, or equal to it with a larger id. Written
+  // as a per-value limit (two selects) so that it compiles without branches.
+  unsigned u[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const unsigned limit = expert_of<L, V>(j, seg_lane) > last.id ? last.key : last.key - 1u;  // last.key >= 1
+    u[j] = key[j] <= limit ? key[j] : kTakenKey;  // taken: can never beat kNone
+  }
+  lane_top2_all<L, N, V>(u, seg_lane, c1, c2);
 }
 
 // The best candidate of the segment, known to all its lanes.
@@ -100,6 +151,8 @@ __device__ __forceinline__ Candidate segment_best(Candidate c) {
     // TODO(1): the warp's largest key with one __reduce_max_sync, then the lowest id among the lanes
     // holding that key with one __reduce_min_sync (lanes without it contribute 0xFFFFFFFF).
     // Hint: two instructions; this is the whole tie rule for a warp per row.
+    return c;
+  } else if constexpr (L == 1) {
     return c;
   } else {
     // Lower id must win among equal keys: pack the complement of the id under the key.
@@ -122,30 +175,65 @@ __device__ __forceinline__ float segment_sum(float x) {
   return x;
 }
 
-// Loads one row's values (kTakenKey for padding and for rows past the end).
+// Issues the loads of one row's values into registers. Padding and rows past the end are NaN, which
+// to_keys turns into kTakenKey. Nothing here waits for the data: the registers are first read by
+// to_keys, one row later.
 template <typename T, int L, int N, int V>
-__device__ __forceinline__ void load_keys(const T* row_logits, bool active, int num_experts, int seg_lane,
-                                          unsigned (&key)[N]) {
+__device__ __forceinline__ void load_row(const T* row_logits, bool active, int num_experts, int seg_lane,
+                                         float (&x)[N]) {
 #pragma unroll
   for (int c = 0; c < N / V; ++c) {
     const int first = expert_of<L, V>(c * V, seg_lane);
-    float x[V];
-    const bool valid = active && first < num_experts;  // E % V == 0: a vector is all in or all out
-    if (valid) load_vector<T, V>(row_logits + first, x);
+    float v[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = __int_as_float(0x7FC00000);
+    if (active && first < num_experts) load_vector<T, V>(row_logits + first, v);  // E % V == 0
+#pragma unroll
+    for (int i = 0; i < V; ++i) x[c * V + i] = v[i];
+  }
+}
+
+// The key of each value, through `score` (identity for softmax, sigmoid + bias for DeepSeek-V3).
+// One select per value handles NaN, padding and rows past the end together: a NaN gets kNanKey
+// inside the row and kTakenKey outside it (load_row made padding NaN).
+template <int L, int N, int V, typename Score>
+__device__ __forceinline__ void to_keys(const float (&x)[N], bool active, int num_experts, int seg_lane, Score score,
+                                        unsigned (&key)[N]) {
+#pragma unroll
+  for (int c = 0; c < N / V; ++c) {
+    const bool valid = active && expert_of<L, V>(c * V, seg_lane) < num_experts;
+    const unsigned nan_key = valid ? kNanKey : kTakenKey;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      // TODO(3): the key of x[v] (detail::order_key) for valid values, kTakenKey for padding.
+      const float s = score(x[c * V + v], c * V + v);
+      // TODO(3): the key of score s: nan_key when s is NaN, else detail::order_bits(s).
       key[c * V + v] = kTakenKey;
-      (void)x[v];
+      (void)s;
+      (void)nan_key;
     }
   }
 }
 
-template <int L, int N, int V>
-__device__ __forceinline__ void mark_taken(unsigned (&key)[N], int id, int seg_lane) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    if (expert_of<L, V>(j, seg_lane) == id) key[j] = kTakenKey;
+// The k rounds shared by both kernels. Each lane keeps its two best untaken experts (c1, c2); only
+// c1 competes. The winning lane moves c2 up; a lane that wins with no c2 left makes the warp
+// rescan (rare: a lane has to win twice, and the rescan refreshes every lane's pair). A round is
+// the dependent chain redux (max key) -> redux (min id) -> compare -> vote: no per-round scan of
+// the keys and no exp. on_win(r, best) runs in every lane after round r with the same `best`.
+template <int L, int N, int V, typename OnWin>
+__device__ __forceinline__ void select_top_k(const unsigned (&key)[N], int seg_lane, int k, OnWin on_win) {
+  Candidate c1, c2;
+  lane_top2_all<L, N, V>(key, seg_lane, c1, c2);
+  // A runtime loop, not unrolled: the body stays small (instruction cache) and k is a runtime value.
+#pragma unroll 1
+  for (int r = 0;; ++r) {
+    const Candidate best = segment_best<L>(c1);
+    on_win(r, best);
+    if (r + 1 == k) break;
+    const bool won = c1.key != kTakenKey && c1.id == best.id;
+    const bool dry = won && c2.key == kTakenKey;  // no second candidate known
+    c1 = won ? c2 : c1;
+    c2.key = won ? kTakenKey : c2.key;
+    if (__any_sync(kFullMask, dry)) lane_top2<L, N, V>(key, seg_lane, best, c1, c2);
   }
 }
 
@@ -186,42 +274,57 @@ __global__ void __launch_bounds__(kThreads) fused_softmax_topk(const T* __restri
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock * kRowsPerWarp;
 
+  // Software pipeline: x holds the row this iteration works on; its loads were issued one
+  // iteration earlier, so each warp always has a row in flight while it selects.
+  float x[N];
+  {
+    const std::int64_t row = warp * kRowsPerWarp + lane / L;
+    load_row<T, L, N, V>(logits + row * a.num_experts, row < a.num_tokens, a.num_experts, seg_lane, x);
+  }
   // The loop bound is the same for the whole warp, so every lane reaches every shuffle.
   for (std::int64_t first_row = warp * kRowsPerWarp; first_row < a.num_tokens; first_row += row_stride) {
     const std::int64_t row = first_row + lane / L;
     const bool active = row < a.num_tokens;
     unsigned key[N];
-    load_keys<T, L, N, V>(logits + row * a.num_experts, active, a.num_experts, seg_lane, key);
+    to_keys<L, N, V>(
+        x, active, a.num_experts, seg_lane, [](float v, int) { return v; }, key);
+    const std::int64_t next = row + row_stride;
+    load_row<T, L, N, V>(logits + next * a.num_experts, next < a.num_tokens, a.num_experts, seg_lane, x);
 
-    Candidate best = segment_best<L>(local_best<L, N, V>(key, seg_lane));
-    const float row_max = best.key > kNanKey ? detail::key_value(best.key) : -__int_as_float(0x7f800000);
-    float denominator = 0.0f;
-    if (a.full_softmax) {
-      float partial = 0.0f;
+    // Round r's winner goes to segment lane r % L, slot r / L. Each slot index is a compile-time
+    // constant, so the slots stay in registers.
+    Candidate slot[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) slot[s] = kNone;
+    select_top_k<L, N, V>(key, seg_lane, a.k, [&](int r, Candidate best) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        if (r == s * L + seg_lane) slot[s] = best;
+      }
+    });
+
+    // Softmax of the winners only, one exp per slot, after the rounds. The ranking of probabilities
+    // is the ranking of logits, so nothing above needed an exp. Round 0's winner (segment lane 0,
+    // slot 0) holds the row's largest key.
+    const unsigned top_key = L == 1 ? slot[0].key : __shfl_sync(kFullMask, slot[0].key, lane - seg_lane);
+    const float row_max = top_key > kNanKey ? detail::key_value(top_key) : -__int_as_float(0x7f800000);
+    float mass[kSlots];
+    float partial = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const bool chosen = s * L + seg_lane < a.k && slot[s].key > kNanKey;
+      mass[s] = chosen ? detail::softmax_mass(detail::key_value(slot[s].key), row_max) : 0.0f;
+      // TODO(4): renormalised softmax and topk_then_softmax divide by the sum of the k chosen masses:
+      // add this lane's chosen masses into `partial` (segment_sum adds the lanes up below).
+    }
+    if (a.full_softmax) {  // the denominator is over all E experts, not the k chosen
+      partial = 0.0f;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         if (key[j] > kNanKey) partial += detail::softmax_mass(detail::key_value(key[j]), row_max);
       }
-      denominator = segment_sum<L>(partial);
     }
-
-    float slot_mass[kSlots];
-    int slot_id[kSlots];
-    float chosen_sum = 0.0f;  // every lane adds the same winners in the same order
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-      if (r >= a.k) break;
-      if (r > 0) best = segment_best<L>(local_best<L, N, V>(key, seg_lane));
-      mark_taken<L, N, V>(key, best.id, seg_lane);
-      const float mass = best.key > kNanKey ? detail::softmax_mass(detail::key_value(best.key), row_max) : 0.0f;
-      chosen_sum += mass;
-      if (r % L == seg_lane) {
-        slot_mass[r / L] = mass;
-        slot_id[r / L] = best.id;
-      }
-    }
-    // TODO(4): renormalised softmax and topk_then_softmax divide by the sum of the k chosen masses.
-    (void)chosen_sum;
+    const float denominator = segment_sum<L>(partial);
 
     if (active) {
 #pragma unroll
@@ -229,9 +332,9 @@ __global__ void __launch_bounds__(kThreads) fused_softmax_topk(const T* __restri
         const int r = s * L + seg_lane;
         if (r >= a.k) break;
         const std::int64_t out = row * a.k + r;
-        a.weights[out] = denominator > 0.0f ? slot_mass[s] / denominator : 0.0f;
-        a.ids[out] = slot_id[s];
-        if (a.counts != nullptr) atomicAdd(histogram + slot_id[s], 1);
+        a.weights[out] = denominator > 0.0f ? mass[s] / denominator : 0.0f;
+        a.ids[out] = slot[s].id;
+        if (a.counts != nullptr) atomicAdd(histogram + slot[s].id, 1);
       }
     }
   }
@@ -251,14 +354,34 @@ struct DeepSeekArgs {
   float scale;
 };
 
+// The top-2 merge of two sorted key pairs (hi >= lo each): four min/max, no ids (a group's score
+// is the sum of its two best keys' values, whoever holds them).
+__device__ __forceinline__ void merge_top2(unsigned& hi, unsigned& lo, unsigned other_hi, unsigned other_lo) {
+  lo = max(min(hi, other_hi), max(lo, other_lo));
+  hi = max(hi, other_hi);
+}
+
+// A group's selection key from its two best keys (top2 = kTakenKey for a group of one expert): the
+// sum of the two biased scores, NaN (kNanKey) when either is NaN.
+__device__ __forceinline__ unsigned group_key_of(unsigned top1, unsigned top2, bool one_expert) {
+  if (one_expert) return top1;
+  return top2 <= kNanKey ? kNanKey : detail::order_key(detail::key_value(top1) + detail::key_value(top2));
+}
+
 // Padded so that lanes scanning different groups (32 apart) hit different banks.
 __device__ __forceinline__ int padded(int e) { return e + e / 32; }
 
-// DeepSeek-V3: a warp per row (L = 32). Group scores go through shared memory: lane g < n_group
-// scans group g for its top-2 (E / n_group reads), which works for any group size.
+// DeepSeek-V3: a warp per row (L = 32). Group keys, two ways:
+//   - butterfly (DeepSeek-V3's own shape, 256 experts in 8 groups of 32, and any group of V * 2^i
+//     experts): a lane's V-vector lies inside one group and a group is lanes_per_group neighbouring
+//     lanes, so each lane takes the top-2 of its vector and log2(lanes_per_group) xor-shuffle steps
+//     merge them (3 steps for groups of 32 fp32 experts), all in registers;
+//   - any other group size: through shared memory, lane g < n_group scans group g (E / n_group
+//     dependent reads).
 template <typename T, int N, int V>
 __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
   constexpr int L = 32;
+  constexpr int kChunks = N / V;  // V-vectors a lane holds
   __shared__ int histogram[kMaxExperts];
   __shared__ unsigned staged[kWarpsPerBlock][kMaxExperts + kMaxExperts / 32];
   clear_histogram(histogram, a.num_experts);
@@ -266,6 +389,10 @@ __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restric
   const int lane = static_cast<int>(threadIdx.x) % 32;
   unsigned* row_keys = staged[threadIdx.x / 32];
   const int group_size = a.num_experts / a.n_group;
+  const int lanes_per_group = group_size / V;
+  // A group must be whole V-vectors on a power-of-two number of lanes, at most the warp.
+  const bool butterfly = group_size % V == 0 && lanes_per_group <= L && (lanes_per_group & (lanes_per_group - 1)) == 0;
+  const int groups_per_chunk = butterfly ? L / lanes_per_group : 1;
   // e / group_size as a multiply and a shift: exact for e, group_size <= 512 (error < 512 / 2^20).
   const unsigned group_reciprocal = ((1u << 20) + static_cast<unsigned>(group_size) - 1) / group_size;
   // Per lane and the same for every row: the bias of each held expert.
@@ -278,40 +405,59 @@ __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restric
 
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
+  float x[N];  // the next row's logits, loaded one iteration ahead (see fused_softmax_topk)
+  load_row<T, L, N, V>(logits + warp * a.num_experts, warp < a.num_tokens, a.num_experts, lane, x);
   for (std::int64_t row = warp; row < a.num_tokens; row += warps) {
+    // The selection key sigmoid(logit) + bias; padding stays taken.
     unsigned key[N];
-    float score[N];
-    load_keys<T, L, N, V>(logits + row * a.num_experts, true, a.num_experts, lane, key);
+    to_keys<L, N, V>(
+        x, true, a.num_experts, lane, [&](float v, int j) { return detail::sigmoid(v) + bias[j]; }, key);
+    const std::int64_t next = row + warps;
+    load_row<T, L, N, V>(logits + next * a.num_experts, next < a.num_tokens, a.num_experts, lane, x);
+
+    unsigned group_key = kTakenKey;  // lane g < n_group: group g's key
+    if (butterfly) {
+      unsigned hi[kChunks], lo[kChunks], chunk_key[kChunks];
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      // key held the logit; now it becomes the selection key sigmoid(logit) + bias.
-      score[j] = detail::sigmoid(detail::key_value(key[j]));
-      if (key[j] != kTakenKey) {
-        key[j] = detail::order_key(score[j] + bias[j]);
-        row_keys[padded(expert_of<L, V>(j, lane))] = key[j];
+      for (int c = 0; c < kChunks; ++c) {
+        hi[c] = key[c * V];
+        lo[c] = kTakenKey;
+#pragma unroll
+        for (int v = 1; v < V; ++v) merge_top2(hi[c], lo[c], key[c * V + v], kTakenKey);
       }
-    }
-    __syncwarp();
-    unsigned group_key = kTakenKey;
-    if (lane < a.n_group) {
-      unsigned top1 = kTakenKey, top2 = kTakenKey;
-      for (int e = lane * group_size; e < (lane + 1) * group_size; ++e) {
-        const unsigned u = row_keys[padded(e)];
-        if (u > top1) {
-          top2 = top1;
-          top1 = u;
-        } else if (u > top2) {
-          top2 = u;
+      for (int offset = 1; offset < lanes_per_group; offset *= 2) {  // the same count in every lane
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const unsigned other_hi = __shfl_xor_sync(kFullMask, hi[c], offset);
+          const unsigned other_lo = __shfl_xor_sync(kFullMask, lo[c], offset);
+          merge_top2(hi[c], lo[c], other_hi, other_lo);
         }
       }
-      const bool one = group_size == 1;
-      if (one) {
-        group_key = top1;
-      } else {
-        group_key = top2 <= kNanKey ? kNanKey : detail::order_key(detail::key_value(top1) + detail::key_value(top2));
+      // Group g is chunk g / groups_per_chunk, lanes (g % groups_per_chunk) * lanes_per_group + ...
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) chunk_key[c] = group_key_of(hi[c], lo[c], group_size == 1);
+      const int source = (lane % groups_per_chunk) * lanes_per_group;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const unsigned held = __shfl_sync(kFullMask, chunk_key[c], source);
+        if (lane / groups_per_chunk == c) group_key = held;
       }
+      if (lane >= a.n_group) group_key = kTakenKey;
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const int e = expert_of<L, V>(j, lane);
+        if (e < a.num_experts) row_keys[padded(e)] = key[j];
+      }
+      __syncwarp();
+      if (lane < a.n_group) {
+        unsigned top1 = kTakenKey, top2 = kTakenKey;
+        for (int e = lane * group_size; e < (lane + 1) * group_size; ++e)
+          merge_top2(top1, top2, row_keys[padded(e)], kTakenKey);
+        group_key = group_key_of(top1, top2, group_size == 1);
+      }
+      __syncwarp();  // row_keys is rewritten by the next row
     }
-    __syncwarp();  // row_keys is rewritten by the next row
     // Rank of my group: groups with a larger key, or an equal key and a lower index, come first.
     int ahead = 0;
     for (int h = 0; h < a.n_group; ++h) {
@@ -325,31 +471,19 @@ __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restric
       if (((kept >> (group & 31u)) & 1u) == 0u) key[j] = kTakenKey;  // excluded, not zeroed
     }
 
-    float my_weight = 0.0f, sum = 0.0f;
+    // The same rounds as fused_softmax_topk. Lane r keeps round r's winner.
     int my_id = 0;
-    // Not unrolled: unrolling these runtime-length loops made ptxas spill on sm_80.
-#pragma unroll 1
-    for (int r = 0; r < a.k; ++r) {
-      const Candidate best = segment_best<L>(local_best<L, N, V>(key, lane));
-      float owned = 0.0f;
-      bool owner = false;
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        if (expert_of<L, V>(j, lane) == best.id) {
-          owned = score[j];
-          owner = true;
-          key[j] = kTakenKey;
-        }
-      }
-      const unsigned owners = __ballot_sync(kFullMask, owner);
-      const float s = __shfl_sync(kFullMask, owned, owners != 0u ? __ffs(owners) - 1 : 0);
-      const float w = s != s ? 0.0f : s;  // a NaN score weighs 0
-      sum += w;
-      if (lane == r) {
-        my_weight = w;
-        my_id = best.id;
-      }
+    select_top_k<L, N, V>(key, lane, a.k, [&](int r, Candidate best) {
+      if (lane == r) my_id = best.id;
+    });
+    // The weight is the unbiased score. The slot's lane recomputes it from its logit (a cache hit:
+    // the row was just read), which gives the same bits as the score the key was made from.
+    float my_weight = 0.0f;
+    if (lane < a.k) {
+      const float s = detail::sigmoid(detail::to_float(logits[row * a.num_experts + my_id]));
+      my_weight = s != s ? 0.0f : s;  // a NaN score weighs 0
     }
+    const float sum = segment_sum<L>(my_weight);
     // Rows are sorted by weight (the unbiased score), not by the biased selection key.
     int position = 0;
 #pragma unroll 1
@@ -380,19 +514,39 @@ __global__ void __launch_bounds__(kThreads)
   flush_histogram(histogram, num_experts, counts);
 }
 
-unsigned grid_for(std::int64_t rows, int rows_per_block) {
+// One wave: at most as many blocks as fit on the GPU at once (a grid-stride loop does the rest).
+// A grid of 8 blocks per SM for a kernel of which only 6 fit ran as 1.33 waves, its last third on a
+// quarter of the machine.
+unsigned grid_for(std::int64_t rows, int rows_per_block, int per_sm) {
   int device = 0, sms = 0;
   check(cudaGetDevice(&device));
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const std::int64_t wanted = (rows + rows_per_block - 1) / rows_per_block;
-  const std::int64_t resident = static_cast<std::int64_t>(sms) * kBlocksPerSm;
+  const std::int64_t resident = static_cast<std::int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   return static_cast<unsigned>(wanted < resident ? wanted : resident);
+}
+
+// Blocks of `kernel` that fit on one SM, asked once per device and kept in the caller's `cache`
+// (one per kernel instance): the launch path stays a few cheap host calls.
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices]) {
+  int device = 0;
+  check(cudaGetDevice(&device));
+  if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) {
+    return cache[device].load(std::memory_order_relaxed);
+  }
+  int blocks = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
+  if (device < kCachedDevices) cache[device].store(blocks, std::memory_order_relaxed);
+  return blocks;
 }
 
 template <typename T, int L, int N, int V>
 void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) {
-  const unsigned blocks = grid_for(a.num_tokens, kWarpsPerBlock * (32 / L));
-  fused_softmax_topk<T, L, N, V><<<blocks, kThreads, 0, stream>>>(logits, a);
+  static std::atomic<int> cache[kCachedDevices];
+  const auto kernel = fused_softmax_topk<T, L, N, V>;
+  const unsigned blocks = grid_for(a.num_tokens, kWarpsPerBlock * (32 / L), blocks_per_sm(kernel, cache));
+  kernel<<<blocks, kThreads, 0, stream>>>(logits, a);
 }
 
 template <typename T, int V>
@@ -401,9 +555,8 @@ void dispatch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream
   const int e = a.num_experts;
   if (e <= 8) {
     launch_softmax<T, 1, 8, V>(logits, a, stream);
-  } else if (e <= 32) {
-    launch_softmax<T, 4, 8, V>(logits, a, stream);
   } else if (e <= 64) {
+    // E <= 32 too: an L = 4 segment needs 8 output slots a lane (k <= 32), which spilled on sm_80.
     launch_softmax<T, 8, 8, V>(logits, a, stream);
   } else if (e <= 128) {
     launch_softmax<T, 16, 8, V>(logits, a, stream);
@@ -416,11 +569,13 @@ void dispatch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream
 
 template <typename T, int V>
 void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, cudaStream_t stream) {
-  const unsigned blocks = grid_for(a.num_tokens, kWarpsPerBlock);
+  static std::atomic<int> cache8[kCachedDevices], cache16[kCachedDevices];
   if (a.num_experts <= 256) {
-    fused_deepseek_v3<T, 8, V><<<blocks, kThreads, 0, stream>>>(logits, a);
+    const auto kernel = fused_deepseek_v3<T, 8, V>;
+    kernel<<<grid_for(a.num_tokens, kWarpsPerBlock, blocks_per_sm(kernel, cache8)), kThreads, 0, stream>>>(logits, a);
   } else {
-    fused_deepseek_v3<T, 16, V><<<blocks, kThreads, 0, stream>>>(logits, a);
+    const auto kernel = fused_deepseek_v3<T, 16, V>;
+    kernel<<<grid_for(a.num_tokens, kWarpsPerBlock, blocks_per_sm(kernel, cache16)), kThreads, 0, stream>>>(logits, a);
   }
 }
 
@@ -458,7 +613,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   check_launch();
   if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
     const std::int64_t count = p.num_tokens * p.k;
-    const unsigned blocks = grid_for(count, kThreads);
+    const unsigned blocks = grid_for(count, kThreads, 8);
     count_experts<<<blocks, kThreads, 0, stream>>>(out.ids, count, p.num_experts, out.counts);
     check_launch();
   }

@@ -1,0 +1,596 @@
+/// @file gemm_bf16_block.cuh
+/// @brief The tensor-core building block of the course: one block's tile of C = A · Wᵀ (bf16 in,
+/// fp32 accumulate, bf16 out) with mma.sync, ldmatrix and a cp.async pipeline, plus the epilogues
+/// that store it. Chapter 2's GEMM (gemm_bf16_mma.cu) launches one block per tile; Chapter 3 adds
+/// epilogues; Chapter 5's grouped GEMM maps each block to a tile of one expert. Device code only.
+///
+/// After, on tensor cores: C = A · Wᵀ in bf16 with mma.sync m16n8k16, fp32 accumulators.
+///
+/// The same tiling idea as the fp32 ladder (block tile → warp tile → per-thread registers), with the
+/// innermost multiply handed to the tensor cores. One mma.sync m16n8k16 makes a whole warp multiply a
+/// 16×16 piece of A by a 16×8 piece of W and add it into a 16×8 fp32 tile: 2048 multiply-adds in one
+/// instruction. Everything else in this file exists to feed that instruction fast enough.
+///
+/// Who holds what (g = lane / 4, t = lane % 4; mma_sm80.cuh draws it element by element):
+///   A fragment, 4 registers of 2 bf16: rows g and g+8 of the 16×16 piece, columns 2t, 2t+1, 2t+8, 2t+9.
+///   B fragment, 2 registers: column g of the 16×8 piece (= row g of W), k = 2t, 2t+1, 2t+8, 2t+9.
+///   Accumulator, 4 fp32: rows g and g+8, columns 2t and 2t+1.
+/// Both fragments want pairs of neighbouring k in one register. A is [M, K] and W is [N, K], both
+/// K-major, so a pair of neighbouring k is one aligned 4-byte word in either matrix: ldmatrix (without
+/// .trans) produces both fragments straight from shared memory. That is why nn.Linear's layout is
+/// the natural one for mma.
+///
+/// The levels of tiling (large tile; the others only change the numbers):
+///   block 128×256 of C, 8 warps as 2 × 4, each warp 64×64 = 4 m16 tiles × 8 n8 tiles = 32 mma per
+///   k16 step, 32 × 4 = 128 fp32 accumulators per thread. A 64×64 warp tile needs 4 + 4 ldmatrix.x4
+///   (4 KiB of shared memory reads) per 32 mma; smaller warp tiles read more per mma and run out of
+///   shared-memory bandwidth before the tensor cores run out of work.
+///
+/// The pipeline (global → shared), kStages buffers of one 64-wide K slice of A and W each:
+///   cp.async copies 16 bytes global → shared without passing through registers and without making
+///   the thread wait. Each thread commits one group of copies per K slice; cp.async.wait_group<S-2>
+///   then means "the oldest slice has landed (my part of it)", and the __syncthreads() after it makes
+///   every thread's part visible. While the warps multiply slice kt, slices kt+1 … kt+S-2 are in
+///   flight and slice kt+S-1 is being issued into the buffer slice kt-1 used:
+///
+///     buffer:    0        1        2        3         (S = 4)
+///              [kt  ]   [kt+1]   [kt+2]   [kt+3 ← issuing now, overwrites kt-1]
+///               mma     landing  landing
+///
+///   One __syncthreads() per slice does two jobs: slice kt+1 is visible, and every warp has finished
+///   reading slice kt, whose buffer the next iteration's copy overwrites.
+///
+/// Registers are double-buffered too: while the mma of k16 step kk run, the ldmatrix of step kk+1
+/// are already in flight, so the tensor cores do not wait for shared memory.
+///
+/// The medium and small tiles change only the numbers: 128×128 with 8 warps of 64×32, and 64×64 with
+/// 4 warps of 32×32 (fewer registers, more blocks for small M or N).
+///
+/// Early refill (the two tuning tiles, Tile<..., true>): the schedule above issues slice kt+S-1 at
+/// kk == 0, and ptxas never moves an ldmatrix above an earlier cp.async (both touch shared memory, so
+/// it must assume they alias). In the sm_90 SASS of the large tile the 12 cp.async of a slice land
+/// among the mma of step 1, the ldmatrix of step 2 wait behind them, and step 2's first mma waits
+/// for its ldmatrix: one k16 step in four is not double-buffered, in every warp at once, since the
+/// barrier keeps the warps in step. Early refill issues the copies at kk == S-1 instead, after the
+/// barrier and the next slice's first ldmatrix, into the buffer every warp has just finished reading
+/// (slice kt's, refilled with slice kt+S). The mma of step 3 cover the copies, the mma of step 0
+/// cover the ldmatrix that wait behind them, and S slices are in flight, not S-1.
+///
+/// Shared-memory layout: a tile row is 64 bf16 = 128 bytes = 8 chunks of 16 bytes, the width of all
+/// 32 banks. ldmatrix reads the same chunk of 8 consecutive rows at once; unswizzled, those 8 chunks
+/// sit in the same 4 banks (an 8-way conflict). Storing chunk c of row r at chunk c ^ (r % 8) spreads
+/// them over all 32 banks, for the cp.async writes (4 whole rows per warp) as well as for ldmatrix.
+///
+/// Boundaries: rows past M or N and the K tail past K are zero-filled by cp.async (source size 0), so
+/// they add nothing; the epilogue stores only rows < M and columns < N. K % 8 == 0 makes every 16-byte
+/// chunk either wholly inside K or wholly outside it.
+///
+/// The epilogue hook (Chapter 3): the kernel's Epilogue template argument decides how the fp32
+/// accumulators leave. Chapter 2's GEMM uses NoEpilogue: each thread rounds and stores its pairs
+/// straight from registers. Chapter 3's epilogues (bias + activation + residual, SwiGLU) are
+/// "staged": the accumulators go through shared memory to a short loop that applies them (see
+/// "staged epilogues" below for why); gemm_bf16_epilogue.hpp describes what they compute.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "activation.cuh"
+#include "gemm_bf16_epilogue.hpp"
+#include "mma_sm80.cuh"
+
+namespace kc::ch02::block {
+
+using sm80::cp_async_16;
+using sm80::cp_async_commit;
+using sm80::cp_async_wait;
+using sm80::ldmatrix_x4;
+using sm80::mma_bf16_16816;
+using sm80::shared_address;
+
+constexpr int kBlockK = 64;                                 ///< K per pipeline stage
+constexpr int kRowBytes = kBlockK * sizeof(__nv_bfloat16);  ///< one tile row in shared memory: 128 bytes
+constexpr int kChunksPerRow = kRowBytes / 16;               ///< 16-byte cp.async / ldmatrix chunks per row
+constexpr int kSmallestBlockM = 64;                         ///< smallest block_m below
+constexpr int kSmallestBlockN = 32;                         ///< smallest block_n below
+
+/// A block tile: kBlockM × kBlockN of C, computed by kWarpsM × kWarpsN warps, with kStages buffers;
+/// kEarlyRefill picks the early-refill schedule (see the top of the file).
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEarlyRefill = false>
+struct Tile {
+  static constexpr int block_m = kBlockM;             ///< rows of C per block
+  static constexpr int block_n = kBlockN;             ///< columns of C per block
+  static constexpr int warps_n = kWarpsN;             ///< warps along N (warp w sits at row w / warps_n)
+  static constexpr int stages = kStages;              ///< pipeline buffers of one 64-wide K slice each
+  static constexpr bool early_refill = kEarlyRefill;  ///< the early-refill schedule
+  static constexpr int warps = kWarpsM * kWarpsN;     ///< warps per block
+  static constexpr int threads = 32 * warps;          ///< threads per block
+  static constexpr int warp_m = kBlockM / kWarpsM;    ///< rows of C per warp
+  static constexpr int warp_n = kBlockN / kWarpsN;    ///< columns of C per warp
+  static constexpr int stage_bytes = (kBlockM + kBlockN) * kRowBytes;  ///< one slice of A and W
+  static constexpr int smem_bytes = kStages * stage_bytes;             ///< dynamic shared memory per block
+};
+
+/// The instantiations. Four stages where they fit, three on GPUs with less shared memory per block
+/// (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 / sm_89). The small tile streams memory-bound
+/// shapes, so it takes six stages: 80 KiB of copies in flight per block, and still two blocks per SM
+/// on sm_90.
+using LargeTile4 = Tile<128, 256, 2, 4, 4>;   ///< 192 KiB: sm_90
+using LargeTile3 = Tile<128, 256, 2, 4, 3>;   ///< 144 KiB: sm_80
+using MediumTile4 = Tile<128, 128, 2, 4, 4>;  ///< 128 KiB: sm_80, sm_90
+using MediumTile3 = Tile<128, 128, 2, 4, 3>;  ///<  96 KiB: sm_86 / sm_89
+using SmallTile = Tile<64, 64, 2, 2, 6>;      ///<  96 KiB: all
+using NarrowTile = Tile<64, 32, 4, 1, 8>;     ///<  96 KiB: all
+
+/// Tuning tiles (gemm_bf16_with_tile only), both with early refill. LargeEarly is the large tile
+/// with nothing else changed. MediumTwoBlocks gives 4 warps the large tile's 64×64 warp tile (the
+/// fewest ldmatrix bytes per mma) in a 128×128 block small enough for two blocks per SM on sm_90
+/// (2 × 96 KiB of shared memory, 2 × 128 threads × <= 255 registers), so that one block's barrier
+/// waits, prologue and epilogue overlap the other block's mma.
+using LargeEarlyTile4 = Tile<128, 256, 2, 4, 4, true>;      ///< 192 KiB: sm_90
+using LargeEarlyTile3 = Tile<128, 256, 2, 4, 3, true>;      ///< 144 KiB: sm_80
+using MediumTwoBlocksTile = Tile<128, 128, 2, 2, 3, true>;  ///<  96 KiB: two blocks per SM on sm_90
+
+/// Byte offset of 16-byte chunk `chunk` of tile row `row`, XOR-swizzled (see the top of the file).
+__device__ __forceinline__ std::uint32_t swizzled(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * kRowBytes + ((chunk ^ (row % 8)) << 4));
+}
+
+/// One thread's share of copying kRows × 64 slices of a K-major matrix (rows of k elements) into a
+/// shared tile. Thread t copies chunk t % 8 of rows t / 8, t / 8 + kRowsPerPass, ...: each warp
+/// instruction moves four whole 128-byte rows, contiguous in global memory and conflict-free in
+/// shared memory. kRowsPerPass is a multiple of 8, so every pass has the same swizzle as pass 0.
+/// Everything that does not change along K is worked out once, in the constructor.
+template <int kRows, int kThreads>
+struct SliceCopy {
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  ///< rows one pass of the block copies
+  static constexpr int kPasses = kRows / kRowsPerPass;           ///< passes per slice
+  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "equal, equally swizzled passes");
+
+  const __nv_bfloat16* src;   ///< this thread's chunk of slice 0, pass 0
+  std::int64_t pass_stride;   ///< elements from one pass's row to the next one's
+  std::uint32_t smem_offset;  ///< where that chunk lands in the tile
+  int passes_inside;          ///< passes whose row exists (rows past M or N are zero-filled)
+  int chunk_k;                ///< the chunk's first column within a slice
+
+  /// `block_src` is row 0 of this block's rows; `rows_left` the rows that exist from there on.
+  __device__ SliceCopy(const __nv_bfloat16* block_src, int rows_left, int k, int tid) {
+    const int row = tid / kChunksPerRow;
+    const int chunk = tid % kChunksPerRow;
+    chunk_k = chunk * 8;
+    src = block_src + static_cast<std::int64_t>(row) * k + chunk_k;
+    pass_stride = static_cast<std::int64_t>(kRowsPerPass) * k;
+    smem_offset = swizzled(row, chunk);
+    const int rows = rows_left < kRows ? rows_left : kRows;
+    passes_inside = rows > row ? (rows - row + kRowsPerPass - 1) / kRowsPerPass : 0;
+  }
+
+  /// Starts the copies of the slice at columns k0 … k0 + 63 into `tile`. Out-of-range chunks are
+  /// zero-filled (source size 0) from `any_valid`, an address that exists, since none is read.
+  __device__ __forceinline__ void issue(std::uint32_t tile, int k0, int k, const __nv_bfloat16* any_valid) const {
+    const bool k_inside = chunk_k < k - k0;
+    const __nv_bfloat16* from = src + k0;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const bool inside = k_inside && pass < passes_inside;
+      cp_async_16(tile + smem_offset + pass * kRowsPerPass * kRowBytes, inside ? from : any_valid, inside);
+      from += pass_stride;
+    }
+  }
+};
+
+/// Stores two neighbouring outputs (columns col, col+1 of one row), rounded to nearest-even bf16.
+/// `room` is how many columns are left in the row from col on. One 4-byte store when both fit and
+/// the address is 4-byte aligned (N even and c aligned: `paired`), element by element otherwise.
+__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float x, float y, int room, bool paired) {
+  if (paired && room >= 2) {
+    *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(x, y);
+    return;
+  }
+  if (room >= 1) out[0] = __float2bfloat16_rn(x);
+  if (room >= 2) out[1] = __float2bfloat16_rn(y);
+}
+
+/// Chapter 2's GEMM: the accumulators are stored as they are, straight from registers.
+struct NoEpilogue {
+  static constexpr bool staged = false;  ///< stored from registers
+};
+
+// ---------------------------------------------------------------------------- staged epilogues
+// Chapter 3's epilogues do not work on the accumulators in registers. A first version did: every
+// thread applied bias, activation and residual to each of its 128 accumulators in the kernel's
+// last, fully unrolled loop. Correct, but the large tile's kernel grew from 2,560 to 18,048
+// instructions (a switch over five activations, inlined 256 times), and straight-line code that
+// runs once per tile comes from the instruction cache cold: the 4096^3 GEMM took twice as long.
+// So the accumulators go to shared memory (the pipeline's buffers are free by then) and a short
+// loop, the same few hundred instructions for every group of outputs, finishes them:
+//   1. every warp writes its fp32 accumulators into a row-major tile (rows padded by 8 floats so
+//      that the four rows a half-warp writes start 8 banks apart: no conflicts);
+//   2. the bias of the tile's columns and the residual's rows are copied in with cp.async, at the
+//      same time, so the loop never waits on global memory;
+//   3. each thread takes 4 neighbouring outputs of a row at a time: one 16-byte shared load, the
+//      epilogue's math in fp32, one 8-byte store; a warp stores 256 contiguous bytes of C.
+// When the staging area does not fit the pipeline's shared memory (the large tile: 128 rows x 264
+// floats + the residual > 192 KiB), the tile is finished in two halves of rows.
+// Odd shapes (N % 8 != 0) and pointers that are not 16-byte aligned take the same loop, but read
+// bias and residual element by element from global memory and store element by element.
+
+/// Where the staged epilogue keeps things in shared memory, for a tile configuration Cfg.
+template <class Cfg>
+struct Staging {
+  static constexpr int acc_ld = Cfg::block_n + 8;              ///< floats per staged row
+  static constexpr int acc_row_bytes = acc_ld * 4;             ///< bytes per staged row
+  static constexpr int residual_row_bytes = Cfg::block_n * 2;  ///< bytes per residual row (bf16)
+  static constexpr int bias_bytes = Cfg::block_n * 2;          ///< the tile's bias (bf16)
+  /// Shared memory for @p rows staged rows with their residual rows, and the bias.
+  static constexpr int bytes_for(int rows) { return rows * (acc_row_bytes + residual_row_bytes) + bias_bytes; }
+  /// Rows finished per part: the whole tile, or half of it when that does not fit.
+  static constexpr int part_rows = bytes_for(Cfg::block_m) <= Cfg::smem_bytes ? Cfg::block_m : Cfg::block_m / 2;
+  static constexpr int parts = Cfg::block_m / part_rows;                                ///< 1 or 2
+  static constexpr int residual_offset = part_rows * acc_row_bytes;                     ///< byte offset
+  static constexpr int bias_offset = residual_offset + part_rows * residual_row_bytes;  ///< byte offset
+  static constexpr int groups_per_row = Cfg::block_n / 4;                               ///< groups of 4 outputs
+  static_assert(bytes_for(part_rows) <= Cfg::smem_bytes, "the staging area fits the pipeline's buffers");
+  static_assert(part_rows % Cfg::warp_m == 0, "each warp's rows lie in one part");
+};
+
+/// The activation of four values, with the switch outside the loop over them.
+__device__ __forceinline__ void activate4(float (&x)[4], Activation activation) {
+  switch (activation) {
+    case Activation::none: break;
+    case Activation::relu:
+#pragma unroll
+      for (float& v : x) v = activate(v, Activation::relu);
+      break;
+    case Activation::gelu_erf:
+#pragma unroll
+      for (float& v : x) v = activate(v, Activation::gelu_erf);
+      break;
+    case Activation::gelu_tanh:
+#pragma unroll
+      for (float& v : x) v = activate(v, Activation::gelu_tanh);
+      break;
+    case Activation::silu:
+#pragma unroll
+      for (float& v : x) v = activate(v, Activation::silu);
+      break;
+  }
+}
+
+/// Four bf16 at @p p (8-byte aligned) as floats, with one 8-byte load.
+__device__ __forceinline__ void load4(float (&x)[4], const __nv_bfloat16* p) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+}
+
+/// out = act(acc + bias) + residual, rounded once. residual may be c itself: each element is read
+/// (into shared memory, or by the thread that stores it) before it is stored.
+struct BiasActivationResidual {
+  static constexpr bool staged = true;         ///< finished through shared memory
+  static constexpr int outputs_per_group = 4;  ///< C columns per 4 accumulators
+  const __nv_bfloat16* bias;                   ///< [n] or null
+  const __nv_bfloat16* residual;               ///< [m, n] or null
+  int n;                                       ///< columns of C (and of the residual)
+  Activation activation;                       ///< applied after the bias
+  bool vector;  ///< n % 8 == 0 and c, bias, residual 16-byte aligned: cp.async staging, 8-byte stores
+
+  /// Four outputs at (row, col..col+3) of C, bias and residual already in shared memory.
+  __device__ void finish4(float (&x)[4], const __nv_bfloat16* bias4, const __nv_bfloat16* residual4,
+                          __nv_bfloat16* out) const {
+    if (bias != nullptr) {
+      float b[4];
+      load4(b, bias4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] += b[e];
+    }
+    activate4(x, activation);
+    if (residual != nullptr) {
+      float r[4];
+      load4(r, residual4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] += r[e];
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(x[2], x[3]);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(out) = packed;
+  }
+
+  /// The same, element by element from global memory, for the `count` outputs that exist.
+  __device__ void finish_each(float (&x)[4], int count, std::int64_t row, int col, __nv_bfloat16* c) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e < count && bias != nullptr) x[e] += __bfloat162float(bias[col + e]);
+    }
+    activate4(x, activation);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e >= count) break;
+      const std::int64_t at = row * n + col + e;
+      if (residual != nullptr) x[e] += __bfloat162float(residual[at]);
+      c[at] = __float2bfloat16_rn(x[e]);
+    }
+  }
+};
+
+/// SwiGLU on interleaved gate/up rows: accumulators (2j, 2j+1) are (gate_j, up_j), so 4 staged
+/// accumulators give 2 outputs, out_j = silu(gate_j + bias_2j) · (up_j + bias_2j+1). n (even)
+/// counts W's rows; C has n / 2 columns.
+struct SwiGlu {
+  static constexpr bool staged = true;         ///< finished through shared memory
+  static constexpr int outputs_per_group = 2;  ///< C columns per 4 accumulators
+  const __nv_bfloat16* bias;                   ///< [n] interleaved like W, or null
+  const __nv_bfloat16* residual = nullptr;     ///< never used (validated); keeps the staging code common
+  int n;                                       ///< rows of W (columns of the GEMM); C has n / 2
+  bool vector;                                 ///< n % 8 == 0 and c, bias 16-byte aligned
+
+  /// Two outputs from the accumulators of W columns col..col+3 (gate, up, gate, up), bias already in
+  /// shared memory; one 4-byte store at @p out.
+  __device__ void finish4(float (&x)[4], const __nv_bfloat16* bias4, const __nv_bfloat16*, __nv_bfloat16* out) const {
+    if (bias != nullptr) {
+      float b[4];
+      load4(b, bias4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] += b[e];
+    }
+    *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(silu(x[0]) * x[1], silu(x[2]) * x[3]);
+  }
+
+  /// `count` (even) W columns from col on exist; col is even.
+  __device__ void finish_each(float (&x)[4], int count, std::int64_t row, int col, __nv_bfloat16* c) const {
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      if (2 * pair >= count) break;
+      float gate = x[2 * pair], up = x[2 * pair + 1];
+      if (bias != nullptr) {
+        gate += __bfloat162float(bias[col + 2 * pair]);
+        up += __bfloat162float(bias[col + 2 * pair + 1]);
+      }
+      c[row * (n / 2) + col / 2 + pair] = __float2bfloat16_rn(silu(gate) * up);
+    }
+  }
+};
+
+/// Steps 1-3 above for one block. acc is the main loop's accumulator array; `smem` the pipeline's
+/// shared memory, free once every warp has passed the barrier at the top of each part.
+template <class Cfg, class Epilogue, class Acc>
+__device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& epilogue, unsigned char* smem,
+                                                __nv_bfloat16* c, int block_row0, int block_col0, int rows_left,
+                                                int cols_left, int warp_row0, int warp_col0) {
+  using S = Staging<Cfg>;
+  constexpr int kMTiles = Cfg::warp_m / 16;
+  constexpr int kNTiles = Cfg::warp_n / 8;
+  constexpr int kChunksPerTileRow = Cfg::block_n / 8;  // 16-byte chunks of a row of bias / residual
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  float* staged = reinterpret_cast<float*>(smem);
+  const auto* residual_tile = reinterpret_cast<const __nv_bfloat16*>(smem + S::residual_offset);
+  const auto* bias_tile = reinterpret_cast<const __nv_bfloat16*>(smem + S::bias_offset);
+  const std::int64_t ldc = Epilogue::outputs_per_group == 4 ? epilogue.n : epilogue.n / 2;
+
+#pragma unroll 1
+  for (int part = 0; part < S::parts; ++part) {
+    const int part_row0 = part * S::part_rows;
+    __syncthreads();  // the main loop (or the previous part) is done with shared memory
+
+    if (epilogue.vector) {
+      if (epilogue.residual != nullptr) {
+        for (int q = tid; q < S::part_rows * kChunksPerTileRow; q += Cfg::threads) {
+          const int r = q / kChunksPerTileRow, chunk = q % kChunksPerTileRow;
+          if (part_row0 + r < rows_left && chunk * 8 < cols_left) {
+            const __nv_bfloat16* src = epilogue.residual +
+                                       static_cast<std::int64_t>(block_row0 + part_row0 + r) * epilogue.n + block_col0 +
+                                       chunk * 8;
+            cp_async_16(shared_address(smem + S::residual_offset + r * S::residual_row_bytes + chunk * 16), src, true);
+          }
+        }
+      }
+      if (part == 0 && epilogue.bias != nullptr) {
+        for (int chunk = tid; chunk < kChunksPerTileRow; chunk += Cfg::threads) {
+          if (chunk * 8 < cols_left) {
+            cp_async_16(shared_address(smem + S::bias_offset + chunk * 16), epilogue.bias + block_col0 + chunk * 8,
+                        true);
+          }
+        }
+      }
+      cp_async_commit();
+    }
+
+    // Step 1: the warps whose rows are in this part write their accumulators: lane (g, t) of an
+    // m16n8 tile holds rows g and g+8, columns 2t and 2t+1.
+    if (warp_row0 / S::part_rows == part) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = warp_row0 - part_row0 + 16 * mt + lane / 4 + 8 * half;
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
+            *reinterpret_cast<float2*>(&staged[r * S::acc_ld + col]) =
+                make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Step 3: groups of 4 accumulators of a row, consecutive threads on consecutive groups.
+#pragma unroll 2  // two groups in flight: the loop is latency-bound at the end of a single-wave grid
+    for (int g = tid; g < S::part_rows * S::groups_per_row; g += Cfg::threads) {
+      const int r = g / S::groups_per_row;
+      const int col = g % S::groups_per_row * 4;
+      if (part_row0 + r >= rows_left || col >= cols_left) continue;
+      const float4 v = *reinterpret_cast<const float4*>(&staged[r * S::acc_ld + col]);
+      float x[4] = {v.x, v.y, v.z, v.w};
+      const std::int64_t row = block_row0 + part_row0 + r;
+      if (epilogue.vector) {  // cols_left is then a multiple of 8: the whole group exists
+        __nv_bfloat16* out = c + row * ldc + (block_col0 + col) * Epilogue::outputs_per_group / 4;
+        epilogue.finish4(x, bias_tile + col, residual_tile + r * Cfg::block_n + col, out);
+      } else {
+        const int count = cols_left - col < 4 ? cols_left - col : 4;
+        epilogue.finish_each(x, count, row, block_col0 + col, c);
+      }
+    }
+  }
+}
+
+/// One block's tile of C = epilogue(A · Wᵀ): the whole of Chapter 2's kernel except choosing the
+/// tile. The tile's first row and column in C are @p block_row0 and @p block_col0; A's rows and W's
+/// rows (C's columns) of the tile are A[block_row0 ...] and W[block_col0 ...]. @p rows_left and
+/// @p cols_left say how many of them exist from there on (at least 1 each; more than the tile is
+/// fine): rows past them are zero-filled and never stored. C's rows are @p n elements apart.
+/// Chapter 2's kernel calls it for tile blockIdx.x; Chapter 5's grouped kernel for the tile of an
+/// expert (its A rows, its W, the same C). Every thread of the block must call it, with
+/// Cfg::smem_bytes of dynamic shared memory.
+template <class Cfg, class Epilogue>
+__device__ __forceinline__ void gemm_bf16_block(const __nv_bfloat16* __restrict__ a,
+                                                const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ c,
+                                                int n, int k, int block_row0, int block_col0, int rows_left,
+                                                int cols_left, bool paired, const Epilogue& epilogue) {
+  constexpr int kThreads = Cfg::threads;
+  constexpr int kStages = Cfg::stages;
+  constexpr int kMTiles = Cfg::warp_m / 16;  // m16 tiles per warp
+  constexpr int kNTiles = Cfg::warp_n / 8;   // n8 tiles per warp
+  constexpr int kKSteps = kBlockK / 16;      // k16 steps per stage
+  static_assert(kNTiles % 2 == 0, "one ldmatrix.x4 loads the B fragments of two n8 tiles");
+  static_assert(kKSteps % 2 == 0, "fragment buffers alternate 0, 1, 0, 1 across stages");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t smem_base = shared_address(smem);  // stage s: A slice, then W slice
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const __nv_bfloat16* a_block = a + static_cast<std::int64_t>(block_row0) * k;
+  const __nv_bfloat16* w_block = w + static_cast<std::int64_t>(block_col0) * k;
+
+  // This warp's piece of the block tile.
+  const int warp_row0 = warp / Cfg::warps_n * Cfg::warp_m;
+  const int warp_col0 = warp % Cfg::warps_n * Cfg::warp_n;
+
+  const SliceCopy<Cfg::block_m, kThreads> a_copy(a_block, rows_left, k, tid);
+  const SliceCopy<Cfg::block_n, kThreads> w_copy(w_block, cols_left, k, tid);
+  auto issue_copies = [&](int stage, int k_tile) {
+    const std::uint32_t stage_base = smem_base + stage * Cfg::stage_bytes;
+    a_copy.issue(stage_base, k_tile * kBlockK, k, a_block);
+    w_copy.issue(stage_base + Cfg::block_m * kRowBytes, k_tile * kBlockK, k, w_block);
+  };
+
+  // This lane's ldmatrix row for k16 step 0. A, one m16 tile: lanes 0-15 give rows 0-15 at k 0-7,
+  // lanes 16-31 the same rows at k 8-15, so the four 8×8 matrices arrive as a[0..3] in mma's order.
+  // W, two n8 tiles: lanes 0-7 give rows n 0-7 at k 0-7 (b[0] of the first tile), lanes 8-15 the
+  // same rows at k 8-15 (its b[1]), lanes 16-31 the same for rows n 8-15 (the second tile).
+  // Further m16 tiles and n8 pairs are 16 rows further on: a multiple of 8 rows, so the same swizzle.
+  const std::uint32_t a_frag_offset = swizzled(warp_row0 + lane % 16, lane / 16);
+  const std::uint32_t w_frag_offset =
+      Cfg::block_m * kRowBytes + swizzled(warp_col0 + lane % 8 + lane / 16 * 8, lane / 8 % 2);
+
+  std::uint32_t a_frag[2][kMTiles][4];
+  std::uint32_t b_frag[2][kNTiles][2];
+  float acc[kMTiles][kNTiles][4] = {};
+
+  auto load_fragments = [&](int buffer, int stage, int kk) {
+    // Step kk reads chunk 2·kk + c where step 0 read chunk c (c = 0 or 1). 2·kk and c share no
+    // bits, so that is the step-0 offset with the chunk bits XOR-ed by 2·kk: offset ^ (kk << 5).
+    const std::uint32_t stage_base = smem_base + stage * Cfg::stage_bytes;
+    const std::uint32_t a_row = stage_base + (a_frag_offset ^ (kk << 5));
+    const std::uint32_t w_row = stage_base + (w_frag_offset ^ (kk << 5));
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a_frag[buffer][mt], a_row + mt * 16 * kRowBytes);
+#pragma unroll
+    for (int pair = 0; pair < kNTiles / 2; ++pair) {
+      std::uint32_t r[4];
+      ldmatrix_x4(r, w_row + pair * 16 * kRowBytes);
+      b_frag[buffer][2 * pair][0] = r[0];
+      b_frag[buffer][2 * pair][1] = r[1];
+      b_frag[buffer][2 * pair + 1][0] = r[2];
+      b_frag[buffer][2 * pair + 1][1] = r[3];
+    }
+  };
+
+  const int k_tiles = (k - 1) / kBlockK + 1;  // k >= 1; (k + 63) / 64 could overflow int
+
+  // Prologue: slices 0 … S-2 in flight (0 … S-1 with early refill, which fills every buffer). Every
+  // thread commits exactly one group per slice, empty ones included, so "kPrologue - 1 groups may
+  // still be pending" means "slice 0 landed", and in the loop "S-2" means "slice kt+1 landed".
+  constexpr int kPrologue = Cfg::early_refill ? kStages : kStages - 1;
+  for (int s = 0; s < kPrologue; ++s) {
+    if (s < k_tiles) issue_copies(s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<kPrologue - 1>();
+  __syncthreads();
+  load_fragments(0, 0, 0);
+
+  int read_stage = 0;                                     // buffer holding slice kt
+  int write_stage = Cfg::early_refill ? 0 : kStages - 1;  // buffer the next copies go to (see below)
+  for (int kt = 0; kt < k_tiles; ++kt) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      if (kk == kKSteps - 1) {
+        // The next slice's fragments come next: it must have landed, for every thread's copies. The
+        // same barrier tells the next copies (issued at the next kk == 0, or just below with early
+        // refill) that every warp has read this slice (its last fragments were loaded at the
+        // previous kk), so its buffer can be refilled.
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+      }
+      load_fragments((kk + 1) % 2, read_stage, (kk + 1) % kKSteps);
+
+      // Plain: slice kt+S-1 into the buffer slice kt-1 used. Early refill: right after the barrier
+      // and the next slice's first ldmatrix, slice kt+S into the buffer every warp has just read.
+      if (kk == (Cfg::early_refill ? kKSteps - 1 : 0)) {
+        const int next = kt + (Cfg::early_refill ? kStages : kStages - 1);
+        if (next < k_tiles) issue_copies(write_stage, next);
+        cp_async_commit();
+        write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+      }
+
+      const int cur = kk % 2;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+          // Serpentine order: the first mma of a row reuses the B fragment of the last one.
+          const int nt = mt % 2 == 0 ? j : kNTiles - 1 - j;
+          mma_bf16_16816(acc[mt][nt], a_frag[cur][mt], b_frag[cur][nt]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can be left; leave nothing in flight at exit
+
+  if constexpr (Epilogue::staged) {
+    staged_epilogue<Cfg>(acc, epilogue, smem, c, block_row0, block_col0, rows_left, cols_left, warp_row0, warp_col0);
+    return;
+  }
+  // Store: acc[mt][nt] holds rows g and g+8, columns 2t and 2t+1 of the 16×8 tile at
+  // (warp_row0 + 16·mt, warp_col0 + 8·nt). Each pair of columns becomes one bf16x2 store; the four
+  // lanes of a row write 16 contiguous bytes and the eight n8 tiles of the warp a 128-byte row.
+  __nv_bfloat16* c_block = c + static_cast<std::int64_t>(block_row0) * n + block_col0;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row0 + 16 * mt + lane / 4 + 8 * half;
+      if (row >= rows_left) continue;
+      __nv_bfloat16* c_row = c_block + static_cast<std::int64_t>(row) * n;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
+        if (col >= cols_left) continue;
+        store_pair(c_row + col, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], cols_left - col, paired);
+      }
+    }
+  }
+}
+
+}  // namespace kc::ch02::block
