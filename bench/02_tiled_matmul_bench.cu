@@ -60,6 +60,8 @@ void bench_gemm(benchmark::State& state, const kc::DeviceInfo& device, const Gem
   }
   cudaStream_t stream;
   kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The fills ran on the legacy default stream, which a non-blocking stream does not wait for.
+  kc::check(cudaStreamSynchronize(nullptr));
   // Warm-up outside the timed region: module loading, cuBLAS's workspace and heuristics.
   gemm(a[0].data(), b[0].data(), c[0].data(), shape, stream);
   kc::check(cudaStreamSynchronize(stream));

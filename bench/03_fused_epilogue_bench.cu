@@ -132,6 +132,8 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, const Cas
   };
   cudaStream_t stream;
   kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The fills ran on the legacy default stream, which a non-blocking stream does not wait for.
+  kc::check(cudaStreamSynchronize(nullptr));
   launch(rot[0], stream);  // warm-up: module loading, cuBLASLt's first call
   kc::check(cudaStreamSynchronize(stream));
   std::size_t next = 0;

@@ -55,9 +55,13 @@ class DeviceBuffer {
   std::size_t bytes() const noexcept { return count_ * sizeof(T); }
 
   /// Copies host data into the buffer (synchronous). @p host must hold exactly size() elements.
+  /// From pageable memory cudaMemcpy may return once the data is staged, before it reaches the
+  /// device, and a cudaStreamNonBlocking stream does not wait for it: hence the synchronisation.
   void copy_from(const std::vector<T>& host) {
     if (host.size() != count_) throw std::invalid_argument("copy_from: host size differs from buffer size");
-    if (count_ > 0) check(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    if (count_ == 0) return;
+    check(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    check(cudaDeviceSynchronize());
   }
   /// Copies the buffer to a new host vector (synchronous).
   std::vector<T> to_host() const {
@@ -66,9 +70,14 @@ class DeviceBuffer {
     return host;
   }
   /// Sets every byte to @p byte (synchronous). 0xFF makes every float and bf16 a NaN: a poison
-  /// that a test can tell apart from any value a kernel writes.
+  /// that a test can tell apart from any value a kernel writes. cudaMemset on device memory may
+  /// return before it is done, and it runs on the legacy default stream, which a stream created
+  /// with cudaStreamNonBlocking does not wait for: without the synchronisation a kernel launched
+  /// next on such a stream can run first and have its output overwritten by the poison.
   void fill_bytes(unsigned char byte) {
-    if (count_ > 0) check(cudaMemset(data_, byte, bytes()));
+    if (count_ == 0) return;
+    check(cudaMemset(data_, byte, bytes()));
+    check(cudaDeviceSynchronize());
   }
 
  private:
