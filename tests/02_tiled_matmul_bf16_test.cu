@@ -217,9 +217,11 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
   EXPECT_EQ(choose_gemm_bf16_tile({4096, 4096, 4096}, 128, kRtxSmem), GemmBf16Tile::medium);
   // 1024 x 4096: the large tile gives 128 blocks (< 132 SMs), the medium one 256.
   EXPECT_EQ(choose_gemm_bf16_tile({1024, 4096, 4096}, 132, kH200Smem), GemmBf16Tile::medium);
-  // Chapter 3's MoE shape: M = 128 leaves large, medium and small tiles with 16, 32 and 128 blocks.
-  EXPECT_EQ(choose_gemm_bf16_tile({128, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::narrow);
+  // Chapter 3's MoE shape: M = 128 leaves large, medium and small tiles with 16, 32 and 128 blocks;
+  // 128 blocks keep most SMs busy, so the small tile. M = 16: 64 blocks, half the SMs idle: narrow.
+  EXPECT_EQ(choose_gemm_bf16_tile({128, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::small);
   EXPECT_EQ(choose_gemm_bf16_tile({16, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::narrow);
+  EXPECT_EQ(choose_gemm_bf16_tile({16, 8192, 7168}, 132, kH200Smem), GemmBf16Tile::small);
   // 256 x 4096: the small tile's 256 blocks fill the GPU.
   EXPECT_EQ(choose_gemm_bf16_tile({256, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::small);
   // Nothing fills the GPU: the tile with the most blocks.

@@ -75,9 +75,10 @@ struct GemmBf16TileInfo {
 /// memory (cudaDevAttrMaxSharedMemoryPerBlockOptin). Host-only, no CUDA call.
 GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_block_optin);
 
-/// The tile gemm_bf16 uses: of large, medium, small and narrow (never a tuning tile), the largest one that
+/// The tile gemm_bf16 uses (never a tuning tile): of large, medium and small, the largest one that
 /// fits in shared memory and still gives every SM at least one block (grid >= @p sm_count); when
-/// none does (small M or N), the fitting tile with the most blocks. Host-only, no CUDA call.
+/// none does (small M or N), the small tile if it still keeps at least half the SMs busy, else the
+/// narrow tile (twice the small tile's blocks). Host-only, no CUDA call.
 /// Throws kc::InvalidArgument for a bad @p shape or sm_count.
 GemmBf16Tile choose_gemm_bf16_tile(GemmShape shape, int sm_count, std::size_t smem_per_block_optin);
 

@@ -154,16 +154,19 @@ GemmBf16Tile choose_gemm_bf16_tile(GemmShape shape, int sm_count, std::size_t sm
   if (sm_count < 1) throw InvalidArgument("sm_count (" + std::to_string(sm_count) + ") must be >= 1");
   // Largest first: bigger tiles reuse each loaded byte more (compute-bound shapes), smaller ones
   // spread a small problem over more SMs (memory-bound shapes, such as M = 128 in the MoE chapters).
-  const GemmBf16Tile largest_first[] = {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
-                                        GemmBf16Tile::narrow};
-  GemmBf16Tile most_blocks = GemmBf16Tile::small;
-  for (GemmBf16Tile tile : largest_first) {
+  auto blocks = [&](const GemmBf16TileInfo& info) {
+    return ceil_div(shape.m, info.block_m) * ceil_div(shape.n, info.block_n);
+  };
+  for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small}) {
     const GemmBf16TileInfo info = gemm_bf16_tile_info(tile, smem_per_block_optin);
-    if (!info.fits) continue;
-    most_blocks = tile;
-    if (ceil_div(shape.m, info.block_m) * ceil_div(shape.n, info.block_n) >= sm_count) return tile;
+    if (info.fits && blocks(info) >= sm_count) return tile;
   }
-  return most_blocks;
+  // Nothing fills the GPU. The narrow tile doubles the small tile's blocks but reads more shared
+  // memory per mma: worth it only when the small tile would leave more than half the SMs idle
+  // (M = 16, N = 4096: 64 blocks for 132 SMs), not at M = 128 (128 blocks).
+  const GemmBf16TileInfo small = gemm_bf16_tile_info(GemmBf16Tile::small, smem_per_block_optin);
+  if (small.fits && 2 * blocks(small) >= sm_count) return GemmBf16Tile::small;
+  return GemmBf16Tile::narrow;  // 96 KiB: fits wherever the small tile does
 }
 
 namespace {
