@@ -235,6 +235,18 @@ struct Staging {
   static_assert(part_rows % Cfg::warp_m == 0, "each warp's rows lie in one part");
 };
 
+/// Shared memory a staged epilogue adds after the pipeline's buffers when it prefetches: the whole
+/// tile's residual rows, then its bias, copied by cp.async at the start of the kernel so that they
+/// have landed long before the epilogue needs them (a copy at the end exposes one memory latency
+/// per block, which matters when the grid is a single wave: M = 16 or 128).
+template <class Cfg>
+struct Prefetch {
+  static constexpr int residual_bytes = Cfg::block_m * Cfg::block_n * 2;  ///< block_m rows of bf16
+  static constexpr int bias_bytes = Cfg::block_n * 2;                     ///< the tile's bias (bf16)
+  static constexpr int bytes = residual_bytes + bias_bytes;               ///< added to Cfg::smem_bytes
+  static constexpr int offset = Cfg::smem_bytes;                          ///< residual, then bias
+};
+
 /// The activation of four values, with the switch outside the loop over them.
 __device__ __forceinline__ void activate4(float (&x)[4], Activation activation) {
   switch (activation) {
@@ -275,7 +287,8 @@ struct BiasActivationResidual {
   const __nv_bfloat16* residual;               ///< [m, n] or null
   int n;                                       ///< columns of C (and of the residual)
   Activation activation;                       ///< applied after the bias
-  bool vector;  ///< n % 8 == 0 and c, bias, residual 16-byte aligned: cp.async staging, 8-byte stores
+  bool vector;              ///< n % 8 == 0 and c, bias, residual 16-byte aligned: cp.async staging, 8-byte stores
+  bool prefetched = false;  ///< vector, and the launch added Prefetch<Cfg>::bytes of shared memory
 
   /// Four outputs at (row, col..col+3) of C, bias and residual already in shared memory.
   __device__ void finish4(float (&x)[4], const __nv_bfloat16* bias4, const __nv_bfloat16* residual4,
@@ -328,6 +341,7 @@ struct SwiGlu {
   const __nv_bfloat16* residual = nullptr;     ///< never used (validated); keeps the staging code common
   int n;                                       ///< rows of W (columns of the GEMM); C has n / 2
   bool vector;                                 ///< n % 8 == 0 and c, bias 16-byte aligned
+  bool prefetched = false;                     ///< vector, and the launch added Prefetch<Cfg>::bytes
 
   /// Two outputs from the accumulators of W columns col..col+3 (gate, up, gate, up), bias already in
   /// shared memory; one 4-byte store at @p out.
@@ -356,6 +370,34 @@ struct SwiGlu {
   }
 };
 
+/// Starts the copies of the tile's residual rows and bias into the Prefetch area (16-byte chunks;
+/// the vector path guarantees their alignment). Rows and columns outside C are not copied: the
+/// epilogue never reads them.
+template <class Cfg, class Epilogue>
+__device__ __forceinline__ void prefetch_epilogue_inputs(const Epilogue& epilogue, unsigned char* smem, int block_row0,
+                                                         int block_col0, int rows_left, int cols_left) {
+  constexpr int kChunksPerTileRow = Cfg::block_n / 8;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (epilogue.residual != nullptr) {
+    for (int q = tid; q < Cfg::block_m * kChunksPerTileRow; q += Cfg::threads) {
+      const int r = q / kChunksPerTileRow, chunk = q % kChunksPerTileRow;
+      if (r < rows_left && chunk * 8 < cols_left) {
+        const __nv_bfloat16* src =
+            epilogue.residual + static_cast<std::int64_t>(block_row0 + r) * epilogue.n + block_col0 + chunk * 8;
+        cp_async_16(shared_address(smem + Prefetch<Cfg>::offset + r * Cfg::block_n * 2 + chunk * 16), src, true);
+      }
+    }
+  }
+  if (epilogue.bias != nullptr) {
+    for (int chunk = tid; chunk < kChunksPerTileRow; chunk += Cfg::threads) {
+      if (chunk * 8 < cols_left) {
+        cp_async_16(shared_address(smem + Prefetch<Cfg>::offset + Prefetch<Cfg>::residual_bytes + chunk * 16),
+                    epilogue.bias + block_col0 + chunk * 8, true);
+      }
+    }
+  }
+}
+
 /// Steps 1-3 above for one block. acc is the main loop's accumulator array; `smem` the pipeline's
 /// shared memory, free once every warp has passed the barrier at the top of each part.
 template <class Cfg, class Epilogue, class Acc>
@@ -369,8 +411,11 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   float* staged = reinterpret_cast<float*>(smem);
-  const auto* residual_tile = reinterpret_cast<const __nv_bfloat16*>(smem + S::residual_offset);
-  const auto* bias_tile = reinterpret_cast<const __nv_bfloat16*>(smem + S::bias_offset);
+  // Residual rows and bias: prefetched at the start of the kernel, or copied in below, part by part.
+  const auto* residual_base =
+      reinterpret_cast<const __nv_bfloat16*>(smem + (epilogue.prefetched ? Prefetch<Cfg>::offset : S::residual_offset));
+  const auto* bias_tile = reinterpret_cast<const __nv_bfloat16*>(
+      smem + (epilogue.prefetched ? Prefetch<Cfg>::offset + Prefetch<Cfg>::residual_bytes : S::bias_offset));
   const std::int64_t ldc = Epilogue::outputs_per_group == 4 ? epilogue.n : epilogue.n / 2;
 
 #pragma unroll 1
@@ -378,7 +423,9 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
     const int part_row0 = part * S::part_rows;
     __syncthreads();  // the main loop (or the previous part) is done with shared memory
 
-    if (epilogue.vector) {
+    // Prefetched rows are indexed from the tile's first row, copied ones from the part's.
+    const __nv_bfloat16* residual_tile = residual_base + (epilogue.prefetched ? part_row0 * Cfg::block_n : 0);
+    if (epilogue.vector && !epilogue.prefetched) {
       if (epilogue.residual != nullptr) {
         for (int q = tid; q < S::part_rows * kChunksPerTileRow; q += Cfg::threads) {
           const int r = q / kChunksPerTileRow, chunk = q % kChunksPerTileRow;
@@ -525,6 +572,13 @@ __device__ __forceinline__ void gemm_bf16_block(const __nv_bfloat16* __restrict_
   // thread commits exactly one group per slice, empty ones included, so "kPrologue - 1 groups may
   // still be pending" means "slice 0 landed", and in the loop "S-2" means "slice kt+1 landed".
   constexpr int kPrologue = Cfg::early_refill ? kStages : kStages - 1;
+  if constexpr (Epilogue::staged) {
+    // One more group, older than every slice's: the first wait below covers it too.
+    if (epilogue.prefetched) {
+      prefetch_epilogue_inputs<Cfg>(epilogue, smem, block_row0, block_col0, rows_left, cols_left);
+      cp_async_commit();
+    }
+  }
   for (int s = 0; s < kPrologue; ++s) {
     if (s < k_tiles) issue_copies(s, s);
     cp_async_commit();

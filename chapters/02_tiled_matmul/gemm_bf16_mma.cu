@@ -36,13 +36,25 @@ struct DeviceLimits {
   std::size_t smem_per_block_optin = 0;
 };
 
+// The most dynamic shared memory a launch of this kernel asks for: the pipeline's, plus the
+// epilogue's prefetch area where it fits this GPU.
+template <class Cfg, class Epilogue>
+int smem_bytes_with_prefetch(std::size_t smem_per_block_optin) {
+  if constexpr (Epilogue::staged) {
+    const int with = Cfg::smem_bytes + Prefetch<Cfg>::bytes;
+    if (static_cast<std::size_t>(with) <= smem_per_block_optin) return with;
+  }
+  return Cfg::smem_bytes;
+}
+
 template <class Cfg, class Epilogue>
 void allow_dynamic_shared_memory_of(std::size_t smem_per_block_optin) {
   if (static_cast<std::size_t>(Cfg::smem_bytes) > smem_per_block_optin) return;  // never launched here
   // Above 48 KiB a kernel must opt in to its dynamic shared memory. Preferring the largest carveout
   // lets two small blocks (2 × 96 KiB) share an SM on sm_90.
   const auto kernel = gemm_bf16_kernel<Cfg, Epilogue>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem_bytes_with_prefetch<Cfg, Epilogue>(smem_per_block_optin)));
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
 }
 
@@ -85,12 +97,24 @@ DeviceLimits current_device_limits() {
 
 template <class Cfg, class Epilogue>
 void launch(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, bool paired,
-            const Epilogue& epilogue, cudaStream_t stream) {
+            const Epilogue& epilogue, std::size_t smem_per_block_optin, cudaStream_t stream) {
   const std::int64_t tiles_n = ceil_div(shape.n, Cfg::block_n);
   const std::int64_t blocks = ceil_div(shape.m, Cfg::block_m) * tiles_n;  // <= 2^31 - 1 (validated)
-  gemm_bf16_kernel<Cfg, Epilogue><<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::smem_bytes, stream>>>(
+  Epilogue e = epilogue;
+  int smem = Cfg::smem_bytes;
+  if constexpr (Epilogue::staged) {
+    // Prefetch the residual and bias at the start when there is something to fetch, the fast path
+    // applies, and the extra shared memory fits (small and narrow tiles everywhere but the 99 KiB
+    // parts, medium on sm_80 / sm_90; never the large tile).
+    const int with = smem_bytes_with_prefetch<Cfg, Epilogue>(smem_per_block_optin);
+    if (e.vector && (e.bias != nullptr || e.residual != nullptr) && with > Cfg::smem_bytes) {
+      e.prefetched = true;
+      smem = with;
+    }
+  }
+  gemm_bf16_kernel<Cfg, Epilogue><<<static_cast<unsigned>(blocks), Cfg::threads, smem, stream>>>(
       a, w, c, static_cast<int>(shape.m), static_cast<int>(shape.n), static_cast<int>(shape.k),
-      static_cast<int>(tiles_n), paired, epilogue);
+      static_cast<int>(tiles_n), paired, e);
 }
 
 template <class Cfg>
@@ -277,28 +301,34 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
   switch (tile) {
     case GemmBf16Tile::large:
       if (info.stages == LargeTile4::stages) {
-        launch<LargeTile4>(a, w, c, shape, paired, epilogue, stream);
+        launch<LargeTile4>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       } else {
-        launch<LargeTile3>(a, w, c, shape, paired, epilogue, stream);
+        launch<LargeTile3>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       }
       break;
     case GemmBf16Tile::medium:
       if (info.stages == MediumTile4::stages) {
-        launch<MediumTile4>(a, w, c, shape, paired, epilogue, stream);
+        launch<MediumTile4>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       } else {
-        launch<MediumTile3>(a, w, c, shape, paired, epilogue, stream);
+        launch<MediumTile3>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       }
       break;
-    case GemmBf16Tile::small: launch<SmallTile>(a, w, c, shape, paired, epilogue, stream); break;
-    case GemmBf16Tile::narrow: launch<NarrowTile>(a, w, c, shape, paired, epilogue, stream); break;
+    case GemmBf16Tile::small:
+      launch<SmallTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+      break;
+    case GemmBf16Tile::narrow:
+      launch<NarrowTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+      break;
     case GemmBf16Tile::large_early_refill:
       if (info.stages == LargeEarlyTile4::stages) {
-        launch<LargeEarlyTile4>(a, w, c, shape, paired, epilogue, stream);
+        launch<LargeEarlyTile4>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       } else {
-        launch<LargeEarlyTile3>(a, w, c, shape, paired, epilogue, stream);
+        launch<LargeEarlyTile3>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       }
       break;
-    case GemmBf16Tile::medium_two_blocks: launch<MediumTwoBlocksTile>(a, w, c, shape, paired, epilogue, stream); break;
+    case GemmBf16Tile::medium_two_blocks:
+      launch<MediumTwoBlocksTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+      break;
     case GemmBf16Tile::large_staged_store:
       if constexpr (Epilogue::staged) {  // Chapter 3's epilogues are staged on every tile
         run(a, w, c, shape, GemmBf16Tile::large, limits, stream, epilogue);
