@@ -474,6 +474,123 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
     return results
 
 
+# Chapter 5's cases (bench/05_grouped_gemm_bench.cu): (label, group sizes kind, experts, rows, N, K).
+CH05_CASES = [("G8xM4096_N4096_K7168", "uniform", 8, 8 * 4096, 4096, 7168),
+              ("G32xM256_N4096_K7168", "uniform", 32, 32 * 256, 4096, 7168),
+              ("G256xM128_N4096_K7168", "uniform", 256, 256 * 128, 4096, 7168),
+              ("E256_M8192_zipf_N4096_K7168", "zipf", 256, 8192, 4096, 7168),
+              ("E256_M8192_hot_N4096_K7168", "one_hot", 256, 8192, 4096, 7168),
+              ("E256_M8192_empty25_N4096_K7168", "quarter_empty", 256, 8192, 4096, 7168),
+              ("G8xM4096_N7168_K2048", "uniform", 8, 8 * 4096, 7168, 2048),
+              ("G8xM4096_N28672_K4096", "uniform", 8, 8 * 4096, 28672, 4096)]
+
+
+def _share_uniformly(sizes: List[int], takes: List[bool], rows: int) -> None:
+    count = sum(1 for t in takes if t)
+    if count == 0:
+        return
+    extra = rows % count
+    for e, take in enumerate(takes):
+        if take:
+            sizes[e] += rows // count + (1 if extra > 0 else 0)
+            extra = max(0, extra - 1)
+
+
+def ch05_group_sizes(kind: str, experts: int, rows: int) -> List[int]:
+    """The benchmark's group sizes, exactly as kc::ch05::group_sizes computes them: "uniform",
+    "zipf" (floor(rows * (1/(e+1)) / H), H the harmonic sum, the remainder one each from expert 0),
+    "one_hot" (half to expert 0, the rest uniformly) and "quarter_empty" (experts 0, 4, 8, ... get
+    none). They sum to ``rows``."""
+    if experts < 1:
+        raise ValueError("experts must be >= 1")
+    sizes = [0] * experts
+    if kind == "uniform":
+        _share_uniformly(sizes, [True] * experts, rows)
+    elif kind == "zipf":
+        harmonic = 0.0
+        for e in range(experts):
+            harmonic += 1.0 / (e + 1)
+        for e in range(experts):
+            sizes[e] = int(math.floor(rows * (1.0 / (e + 1)) / harmonic))
+        e = 0
+        while sum(sizes) < rows:
+            sizes[e] += 1
+            e = (e + 1) % experts
+    elif kind == "one_hot":
+        sizes[0] = rows if experts == 1 else rows // 2
+        _share_uniformly(sizes, [e != 0 for e in range(experts)], rows - sizes[0])
+    elif kind == "quarter_empty":
+        takes = [e % 4 != 0 for e in range(experts)]
+        if experts == 1:
+            takes[0] = True
+        _share_uniformly(sizes, takes, rows)
+    else:
+        raise ValueError("unknown group sizes kind %r" % kind)
+    return sizes
+
+
+def ch05_min_bytes(sizes: Sequence[int], n: int, k: int) -> float:
+    """Fewest bytes of the grouped GEMM in bf16 (kc::ch05::grouped_gemm_min_bytes): A and C rows once,
+    the weights of non-empty experts once."""
+    rows = sum(sizes)
+    nonempty = sum(1 for s in sizes if s > 0)
+    return 2.0 * (rows * k + nonempty * n * k + rows * n)
+
+
+@baseline("ch05")
+def ch05_grouped_gemm(env: Env) -> List[CaseResult]:
+    """``torch._grouped_mm(a, w.transpose(-2, -1), offs=offsets[1:])``: bf16 A [M_total, K], W
+    [E, N, K] seen as [E, K, N], int32 cumulative row ends. Skipped with a reason where this torch
+    has no ``_grouped_mm`` or it rejects the case (it needs sm_90 in the releases checked)."""
+    torch = env.torch
+    if not hasattr(torch, "_grouped_mm"):
+        env.log("ch05: torch %s has no torch._grouped_mm; skipped" % torch.__version__)
+        return []
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed)
+    results = []
+    for label, kind, experts, rows, n, k in CH05_CASES:
+        sizes = ch05_group_sizes(kind, experts, rows)
+        free, _ = torch.cuda.mem_get_info()
+        need = 2.0 * (experts * n * k + rows * (n + k))
+        if need > 0.8 * free:
+            env.log("ch05 %s: needs %.1f GB, %.1f GB free; skipped" % (label, need / 1e9, free / 1e9))
+            continue
+        a = torch.empty(rows, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0, generator=generator)
+        w = torch.empty(experts, n, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0,
+                                                                                         generator=generator)
+        ends = torch.tensor(sizes, device=env.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        w_kn = w.transpose(-2, -1)
+
+        def launch(a: Any = a, w_kn: Any = w_kn, ends: Any = ends) -> Any:
+            return torch._grouped_mm(a, w_kn, offs=ends)
+        try:
+            out = launch()
+            # Check one expert's rows against a plain matmul before any timing.
+            e = max(range(experts), key=lambda i: sizes[i])
+            r0 = sum(sizes[:e])
+            want = a[r0:r0 + sizes[e]].float() @ w[e].float().t()
+            err = (out[r0:r0 + sizes[e]].float() - want).norm() / want.norm()
+            if not err < 1e-2:
+                raise RuntimeError("torch._grouped_mm differs from matmul by %.3g for %s" % (err, label))
+        except RuntimeError as error:
+            if "differs" in str(error):
+                raise
+            env.log("ch05 %s: torch._grouped_mm rejected the case (%s); skipped" % (label, error))
+            del a, w, ends, w_kn
+            torch.cuda.empty_cache()
+            continue
+        timed = time_samples(env, [launch], 1)
+        results.append(CaseResult(chapter="ch05", case=label, times_s=timed["times"],
+                                  cpu_times_s=timed["cpu_times"], min_bytes=ch05_min_bytes(sizes, n, k),
+                                  flop_count=2.0 * rows * n * k,
+                                  counters={"launches_per_sample": 1.0, "rotating_sets": 1.0}))
+        env.log("ch05 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
+        del a, w, ends, w_kn, out
+        torch.cuda.empty_cache()
+    return results
+
+
 def _gpu_unavailable_reason() -> Optional[str]:
     try:
         import torch  # noqa: F401 (optional dependency)

@@ -218,3 +218,37 @@ class Ch04HelpersTest(unittest.TestCase):
     def test_min_bytes(self):
         self.assertEqual(pb.ch04_min_bytes(65536, 256, 8), 4.0 * 65536 * 256 + 8.0 * 65536 * 8 + 4.0 * 256)
         self.assertIn("ch04", pb.BASELINES)
+
+
+class Ch05HelpersTest(unittest.TestCase):
+    def test_group_sizes_match_the_cpp_benchmark(self):
+        # The same values as tests/05_grouped_gemm_test.cu, GroupedReference.BenchmarkGroupSizes.
+        zipf = pb.ch05_group_sizes("zipf", 256, 8192)
+        self.assertEqual((zipf[0], zipf[1], zipf[255]), (1338, 669, 5))
+        hot = pb.ch05_group_sizes("one_hot", 256, 8192)
+        self.assertEqual((hot[0], hot[1], hot[17]), (4096, 17, 16))
+        holes = pb.ch05_group_sizes("quarter_empty", 256, 8192)
+        self.assertEqual((holes[0], holes[4], holes[1], holes[255]), (0, 0, 43, 42))
+        self.assertEqual(holes.count(0), 64)
+        for kind in ("uniform", "zipf", "one_hot", "quarter_empty"):
+            for experts in (1, 3, 8, 256):
+                for rows in (0, 1, 100, 8192):
+                    sizes = pb.ch05_group_sizes(kind, experts, rows)
+                    self.assertEqual(len(sizes), experts)
+                    self.assertEqual(sum(sizes), rows)
+                    self.assertTrue(all(s >= 0 for s in sizes))
+        with self.assertRaises(ValueError):
+            pb.ch05_group_sizes("pareto", 8, 10)
+
+    def test_labels_and_bytes(self):
+        labels = [c[0] for c in pb.CH05_CASES]
+        self.assertIn("G256xM128_N4096_K7168", labels)
+        self.assertIn("G8xM4096_N28672_K4096", labels)
+        for a in labels:
+            for b in labels:
+                self.assertTrue(a == b or not b.startswith(a), "%s is a prefix of %s" % (a, b))
+        # Same as kc::ch05::grouped_gemm_min_bytes with 25 % empty experts (tests/05_grouped_gemm_test.cu).
+        sizes = [0 if e % 4 == 0 else 43 for e in range(256)]
+        self.assertEqual(pb.ch05_min_bytes(sizes, 4096, 7168),
+                         2.0 * (8256 * 7168 + 192 * 4096 * 7168 + 8256 * 4096))
+        self.assertIn("ch05", pb.BASELINES)

@@ -1,0 +1,150 @@
+// EXERCISE: the one-launch grouped GEMM with its index map removed. Fill in each TODO; the chapter's
+// tests (ctest --preset exercises -L ch05) say when it is right. Hints are in README.md, Exercises.
+// After: every expert's GEMM in one launch. Two kernels run back to back on the stream:
+//
+//   1. tile_prefix_kernel (one block): m-tiles of each expert from the device offsets, and their
+//      exclusive prefix over experts, into the caller's workspace. A few microseconds at most.
+//   2. grouped_gemm_kernel: a grid sized for the most m-tiles any group sizes could need
+//      (max_m_tiles in tile_map.hpp) times the n-tiles. Block b maps its id to a tile in the chosen
+//      order (row-major or grouped), finds the expert owning that m-tile by binary search over the
+//      prefix, and hands Chapter 2's block tile that expert's rows of A and C and its W. Blocks past
+//      the real tile count exit before touching shared memory.
+//
+// Why not read the sizes on the host and launch the exact grid? Because that needs a device → host
+// copy and a synchronisation before every MoE layer: the GPU drains, and the launch cannot be
+// captured in a CUDA graph. The bound costs surplus blocks that exit at once (at most E · (BM-1) /
+// BM m-tiles' worth: 254 × 32 blocks for 256 experts of 128 rows, a few µs against milliseconds).
+// Chapter 6 removes them with a persistent grid that loops over tiles.
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "gemm_bf16_block.cuh"
+#include "grouped_gemm.hpp"
+#include "kc/check.hpp"
+#include "scan.cuh"
+#include "tile_map.hpp"
+
+namespace kc::ch05 {
+
+namespace {
+
+using ch02::block::MediumTile3;
+using ch02::block::MediumTile4;
+using ch02::block::NoEpilogue;
+
+static_assert(MediumTile4::block_m == kBlockM && MediumTile4::block_n == kBlockN, "the chapter's tile is 128 x 128");
+static_assert(MediumTile3::block_m == kBlockM && MediumTile3::block_n == kBlockN, "the chapter's tile is 128 x 128");
+
+// tile_prefix[0] = 0, tile_prefix[e + 1] = m-tiles of experts 0..e: tile_prefix_of() on the device.
+__global__ void __launch_bounds__(detail::kScanThreads)
+    tile_prefix_kernel(const std::int32_t* __restrict__ offsets, int experts, int m_total, int block_m,
+                       std::int32_t* __restrict__ tile_prefix) {
+  const int e = static_cast<int>(threadIdx.x);
+  int tiles = 0;
+  if (e < experts) {
+    int begin = 0, end = 0;
+    expert_rows(offsets, e, m_total, begin, end);
+    tiles = m_tiles_of(end - begin, block_m);
+  }
+  const int inclusive = detail::block_inclusive_scan(tiles);
+  if (e < experts) tile_prefix[e + 1] = inclusive;
+  if (e == 0) tile_prefix[0] = 0;
+}
+
+// One block per tile of C (and surplus blocks that exit): see the top of the file.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::threads)
+    grouped_gemm_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ w,
+                        __nv_bfloat16* __restrict__ c, const std::int32_t* __restrict__ offsets,
+                        const std::int32_t* __restrict__ tile_prefix, int experts, int m_total, int n, int k,
+                        int tiles_n, TileOrder order, int group_m, bool paired) {
+  // TODO 1: the real number of m-tiles over all experts. tile_prefix_kernel has just written the
+  // prefix of m-tiles over experts into tile_prefix[0 .. experts]: which entry is the total?
+  const int m_tiles = 0;
+  const int tile = static_cast<int>(blockIdx.x);
+  if (static_cast<std::int64_t>(tile) >= static_cast<std::int64_t>(m_tiles) * tiles_n) return;  // surplus
+  // TODO 2: the tile this block computes, in `order` (tile_map.hpp has the function; group_m is the
+  // grouped order's band height).
+  const TileCoord coord{0, tile % tiles_n};
+  // TODO 3: the expert owning coord.m_tile, its first row and the rows left from there
+  // (tile_map.hpp: a binary search over tile_prefix, then the expert's offsets).
+  const TileRows rows{0, 0, m_total};
+  (void)offsets, (void)tile_prefix, (void)order, (void)group_m, (void)experts;  // used once the TODOs are done
+  const int col0 = coord.n_tile * Cfg::block_n;
+  const __nv_bfloat16* w_expert = w + static_cast<std::int64_t>(rows.expert) * n * k;
+  ch02::block::gemm_bf16_block<Cfg>(a, w_expert, c, n, k, rows.row0, col0, rows.rows_left, n - col0, paired,
+                                    NoEpilogue{});
+}
+
+// --------------------------------------------------------------------------------------- host side
+
+struct DeviceLimits {
+  std::size_t smem_per_block_optin = 0;
+};
+
+template <class Cfg>
+void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
+  if (static_cast<std::size_t>(Cfg::smem_bytes) > smem_per_block_optin) return;  // never launched here
+  const auto kernel = grouped_gemm_kernel<Cfg>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
+
+// Queried once per device; later calls only read the cache (no attribute calls inside a capture).
+DeviceLimits current_device_limits() {
+  static std::mutex mutex;
+  static std::map<int, DeviceLimits> cache;
+  int device = 0;
+  check(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = cache.find(device); found != cache.end()) return found->second;
+  DeviceLimits limits;
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  limits.smem_per_block_optin = static_cast<std::size_t>(optin);
+  allow_dynamic_shared_memory<MediumTile4>(limits.smem_per_block_optin);
+  allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
+  cache.emplace(device, limits);
+  return limits;
+}
+
+template <class Cfg>
+void launch_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                 const std::int32_t* offsets, const std::int32_t* tile_prefix, const GroupedGemmOptions& options,
+                 bool paired, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(grouped_gemm_grid_blocks(shape));  // <= 2^31 - 1 (validated)
+  const int tiles_n = ceil_div_int(static_cast<int>(shape.n), Cfg::block_n);
+  grouped_gemm_kernel<Cfg><<<blocks, Cfg::threads, Cfg::smem_bytes, stream>>>(
+      a, w, c, offsets, tile_prefix, shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n),
+      static_cast<int>(shape.k), tiles_n, options.order, options.group_m, paired);
+}
+
+}  // namespace
+
+void grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                  const std::int32_t* offsets, void* workspace, std::size_t workspace_bytes,
+                  const GroupedGemmOptions& options, cudaStream_t stream) {
+  validate_grouped_gemm(shape, a, w, c, offsets);
+  validate_grouped_gemm_options(shape, c, options, workspace, workspace_bytes);
+  if (shape.m_total == 0) return;  // no rows: nothing to compute or write
+  const DeviceLimits limits = current_device_limits();
+  auto* tile_prefix = static_cast<std::int32_t*>(workspace);
+  tile_prefix_kernel<<<1, detail::kScanThreads, 0, stream>>>(offsets, shape.experts, static_cast<int>(shape.m_total),
+                                                             kBlockM, tile_prefix);
+  check_launch();
+  // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
+  const bool paired = shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0;
+  if (static_cast<std::size_t>(MediumTile4::smem_bytes) <= limits.smem_per_block_optin) {
+    launch_gemm<MediumTile4>(shape, a, w, c, offsets, tile_prefix, options, paired, stream);
+  } else if (static_cast<std::size_t>(MediumTile3::smem_bytes) <= limits.smem_per_block_optin) {
+    launch_gemm<MediumTile3>(shape, a, w, c, offsets, tile_prefix, options, paired, stream);
+  } else {
+    throw InvalidArgument("this GPU allows " + std::to_string(limits.smem_per_block_optin) +
+                          " bytes of shared memory per block; the 128 x 128 tile needs " +
+                          std::to_string(MediumTile3::smem_bytes));
+  }
+  check_launch();
+}
+
+}  // namespace kc::ch05
