@@ -643,7 +643,8 @@ def _run_lines(results: ChapterResults) -> List[str]:
         gbench = "version not recorded"
     lines = [
         "- **GPU:** %s; driver %s; CUDA %s" % (gpu, info["driver"], info["cuda"]),
-        "- **Clocks:** SM %s under load (max %s), memory %s; power limit %s"
+        "- **Clocks:** SM %s (nvidia-smi's median over the benchmark run, max %s; a heavy kernel's own clock "
+        "is in the chapter's profile), memory %s; power limit %s"
         % (mhz(info["sm_clock_mhz_under_load"]), mhz(info["sm_clock_max_mhz"]), mhz(info["mem_clock_mhz"]), power),
         "- **Run:** %s, commit %s" % (info["date"], info["commit"]),
         "- **Method:** median of %s repetitions (Google Benchmark, %s); time from CUDA events"
