@@ -542,19 +542,37 @@ def ch05_grouped_gemm(env: Env) -> List[CaseResult]:
     """``torch._grouped_mm(a, w.transpose(-2, -1), offs=offsets[1:])``: bf16 A [M_total, K], W
     [E, N, K] seen as [E, K, N], int32 cumulative row ends. Skipped with a reason where this torch
     has no ``_grouped_mm`` or it rejects the case (it needs sm_90 in the releases checked)."""
+    return _grouped_mm_baseline(env, "ch05", CH05_CASES)
+
+
+# Chapter 6's cases (kc::ch06::benchmark_cases): Chapter 5's, plus two poor-last-wave shapes on 132
+# SMs (144 and 192 tiles of 128 x 128).
+CH06_CASES = CH05_CASES + [("tail_G3xM384_N2048_K7168", "uniform", 3, 3 * 384, 2048, 7168),
+                           ("tail_G4xM384_N2048_K7168", "uniform", 4, 4 * 384, 2048, 7168)]
+
+
+@baseline("ch06")
+def ch06_persistent(env: Env) -> List[CaseResult]:
+    """Chapter 5's ``torch._grouped_mm`` baseline on Chapter 6's cases."""
+    return _grouped_mm_baseline(env, "ch06", CH06_CASES)
+
+
+def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any]) -> List[CaseResult]:
+    """Times ``torch._grouped_mm`` on ``cases`` ((label, kind, experts, rows, N, K) tuples) as
+    ``chapter``'s pytorch variant; see ch05_grouped_gemm."""
     torch = env.torch
     if not hasattr(torch, "_grouped_mm"):
-        env.log("ch05: torch %s has no torch._grouped_mm; skipped" % torch.__version__)
+        env.log("%s: torch %s has no torch._grouped_mm; skipped" % (chapter, torch.__version__))
         return []
     generator = torch.Generator(device=env.device)
     generator.manual_seed(env.seed)
     results = []
-    for label, kind, experts, rows, n, k in CH05_CASES:
+    for label, kind, experts, rows, n, k in cases:
         sizes = ch05_group_sizes(kind, experts, rows)
         free, _ = torch.cuda.mem_get_info()
         need = 2.0 * (experts * n * k + rows * (n + k))
         if need > 0.8 * free:
-            env.log("ch05 %s: needs %.1f GB, %.1f GB free; skipped" % (label, need / 1e9, free / 1e9))
+            env.log("%s %s: needs %.1f GB, %.1f GB free; skipped" % (chapter, label, need / 1e9, free / 1e9))
             continue
         a = torch.empty(rows, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0, generator=generator)
         w = torch.empty(experts, n, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0,
@@ -576,16 +594,16 @@ def ch05_grouped_gemm(env: Env) -> List[CaseResult]:
         except RuntimeError as error:
             if "differs" in str(error):
                 raise
-            env.log("ch05 %s: torch._grouped_mm rejected the case (%s); skipped" % (label, error))
+            env.log("%s %s: torch._grouped_mm rejected the case (%s); skipped" % (chapter, label, error))
             del a, w, ends, w_kn
             torch.cuda.empty_cache()
             continue
         timed = time_samples(env, [launch], 1)
-        results.append(CaseResult(chapter="ch05", case=label, times_s=timed["times"],
+        results.append(CaseResult(chapter=chapter, case=label, times_s=timed["times"],
                                   cpu_times_s=timed["cpu_times"], min_bytes=ch05_min_bytes(sizes, n, k),
                                   flop_count=2.0 * rows * n * k,
                                   counters={"launches_per_sample": 1.0, "rotating_sets": 1.0}))
-        env.log("ch05 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
+        env.log("%s %s: median %.1f us per launch" % (chapter, label, _median(timed["times"]) * 1e6))
         del a, w, ends, w_kn, out
         torch.cuda.empty_cache()
     return results

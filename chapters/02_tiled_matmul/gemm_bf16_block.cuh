@@ -2,7 +2,9 @@
 /// @brief The tensor-core building block of the course: one block's tile of C = A · Wᵀ (bf16 in,
 /// fp32 accumulate, bf16 out) with mma.sync, ldmatrix and a cp.async pipeline, plus the epilogues
 /// that store it. Chapter 2's GEMM (gemm_bf16_mma.cu) launches one block per tile; Chapter 3 adds
-/// epilogues; Chapter 5's grouped GEMM maps each block to a tile of one expert. Device code only.
+/// epilogues; Chapter 5's grouped GEMM maps each block to a tile of one expert; Chapter 6's Stream-K
+/// runs a K range of a tile and stores fp32 partials (gemm_bf16_block_k_range, Fp32Partial). Device
+/// code only.
 ///
 /// After, on tensor cores: C = A · Wᵀ in bf16 with mma.sync m16n8k16, fp32 accumulators.
 ///
@@ -488,6 +490,22 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
   }
 }
 
+/// Chapter 6's Stream-K: the block's fp32 accumulators of a K range, stored as they are (no
+/// rounding) into a row-major block_m × block_n tile of floats at @p partial, every element of the
+/// tile, rows and columns past C included (they hold zeros). A later fixed-order sum of a tile's
+/// partials, rounded once, finishes the tile.
+struct Fp32Partial {
+  static constexpr bool staged = false;       ///< stored from registers
+  static constexpr bool fp32_partial = true;  ///< gemm_bf16_block_k_range writes fp32, not bf16
+  float* partial;                             ///< [block_m, block_n] floats, 8-byte aligned
+};
+
+/// True for epilogues that store unrounded fp32 partial tiles (Fp32Partial).
+template <class Epilogue>
+inline constexpr bool is_fp32_partial = requires {
+  Epilogue::fp32_partial;
+};
+
 /// One block's tile of C = epilogue(A · Wᵀ): the whole of Chapter 2's kernel except choosing the
 /// tile. The tile's first row and column in C are @p block_row0 and @p block_col0; A's rows and W's
 /// rows (C's columns) of the tile are A[block_row0 ...] and W[block_col0 ...]. @p rows_left and
@@ -496,11 +514,16 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
 /// Chapter 2's kernel calls it for tile blockIdx.x; Chapter 5's grouped kernel for the tile of an
 /// expert (its A rows, its W, the same C). Every thread of the block must call it, with
 /// Cfg::smem_bytes of dynamic shared memory.
+/// This is gemm_bf16_block restricted to the 64-wide K slices [@p k_tile_begin, @p k_tile_end)
+/// (0 <= begin < end <= ceil(k / 64)): Chapter 6's Stream-K splits a tile's K among blocks.
+/// gemm_bf16_block is this function over all slices; with the constant 0 the compiled code of
+/// every existing kernel is unchanged (checked: same registers, .text sizes and SASS).
 template <class Cfg, class Epilogue>
-__device__ __forceinline__ void gemm_bf16_block(const __nv_bfloat16* __restrict__ a,
-                                                const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ c,
-                                                int n, int k, int block_row0, int block_col0, int rows_left,
-                                                int cols_left, bool paired, const Epilogue& epilogue) {
+__device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __restrict__ a,
+                                                        const __nv_bfloat16* __restrict__ w,
+                                                        __nv_bfloat16* __restrict__ c, int n, int k, int block_row0,
+                                                        int block_col0, int rows_left, int cols_left, bool paired,
+                                                        const Epilogue& epilogue, int k_tile_begin, int k_tile_end) {
   constexpr int kThreads = Cfg::threads;
   constexpr int kStages = Cfg::stages;
   constexpr int kMTiles = Cfg::warp_m / 16;  // m16 tiles per warp
@@ -530,8 +553,8 @@ __device__ __forceinline__ void gemm_bf16_block(const __nv_bfloat16* __restrict_
   // small tile's loop grew from 157 to 169 instructions and its M = 16 GEMM slowed by ~25 %.
   auto issue_copies = [&](int stage, int k_tile) {
     const std::uint32_t stage_base = smem_base + stage * Cfg::stage_bytes;
-    a_copy.issue(stage_base, k_tile * kBlockK, k, a);
-    w_copy.issue(stage_base + Cfg::block_m * kRowBytes, k_tile * kBlockK, k, w);
+    a_copy.issue(stage_base, (k_tile_begin + k_tile) * kBlockK, k, a);
+    w_copy.issue(stage_base + Cfg::block_m * kRowBytes, (k_tile_begin + k_tile) * kBlockK, k, w);
   };
 
   // This lane's ldmatrix row for k16 step 0. A, one m16 tile: lanes 0-15 give rows 0-15 at k 0-7,
@@ -566,7 +589,7 @@ __device__ __forceinline__ void gemm_bf16_block(const __nv_bfloat16* __restrict_
     }
   };
 
-  const int k_tiles = (k - 1) / kBlockK + 1;  // k >= 1; (k + 63) / 64 could overflow int
+  const int k_tiles = k_tile_end - k_tile_begin;  // slices of this call; k_tile below counts from k_tile_begin
 
   // Prologue: slices 0 … S-2 in flight (0 … S-1 with early refill, which fills every buffer). Every
   // thread commits exactly one group per slice, empty ones included, so "kPrologue - 1 groups may
@@ -630,6 +653,23 @@ __device__ __forceinline__ void gemm_bf16_block(const __nv_bfloat16* __restrict_
     staged_epilogue<Cfg>(acc, epilogue, smem, c, block_row0, block_col0, rows_left, cols_left, warp_row0, warp_col0);
     return;
   }
+  if constexpr (is_fp32_partial<Epilogue>) {
+    // The whole tile, unrounded: one 8-byte store per accumulator pair (rows past M hold zeros).
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_row0 + 16 * mt + lane / 4 + 8 * half;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
+          *reinterpret_cast<float2*>(epilogue.partial + row * Cfg::block_n + col) =
+              make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+        }
+      }
+    }
+    return;
+  }
   // Store: acc[mt][nt] holds rows g and g+8, columns 2t and 2t+1 of the 16×8 tile at
   // (warp_row0 + 16·mt, warp_col0 + 8·nt). Each pair of columns becomes one bf16x2 store; the four
   // lanes of a row write 16 contiguous bytes and the eight n8 tiles of the warp a 128-byte row.
@@ -649,6 +689,18 @@ __device__ __forceinline__ void gemm_bf16_block(const __nv_bfloat16* __restrict_
       }
     }
   }
+}
+
+/// One block's tile of C = epilogue(A · Wᵀ) over the whole of K: gemm_bf16_block_k_range over every
+/// 64-wide K slice. See gemm_bf16_block_k_range for the parameters.
+template <class Cfg, class Epilogue>
+__device__ __forceinline__ void gemm_bf16_block(const __nv_bfloat16* __restrict__ a,
+                                                const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ c,
+                                                int n, int k, int block_row0, int block_col0, int rows_left,
+                                                int cols_left, bool paired, const Epilogue& epilogue) {
+  // k >= 1; (k + 63) / 64 could overflow int.
+  gemm_bf16_block_k_range<Cfg>(a, w, c, n, k, block_row0, block_col0, rows_left, cols_left, paired, epilogue, 0,
+                               (k - 1) / kBlockK + 1);
 }
 
 }  // namespace kc::ch02::block

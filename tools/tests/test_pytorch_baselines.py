@@ -252,3 +252,21 @@ class Ch05HelpersTest(unittest.TestCase):
         self.assertEqual(pb.ch05_min_bytes(sizes, 4096, 7168),
                          2.0 * (8256 * 7168 + 192 * 4096 * 7168 + 8256 * 4096))
         self.assertIn("ch05", pb.BASELINES)
+
+
+class Ch06HelpersTest(unittest.TestCase):
+    def test_cases_match_the_cpp_benchmark(self):
+        # kc::ch06::benchmark_cases (tests/06_persistent_test.cu, PersistentWaves.BenchmarkCasesOn132Slots).
+        labels = [c[0] for c in pb.CH06_CASES]
+        self.assertEqual(labels[:len(pb.CH05_CASES)], [c[0] for c in pb.CH05_CASES])
+        self.assertEqual(labels[-2:], ["tail_G3xM384_N2048_K7168", "tail_G4xM384_N2048_K7168"])
+        for a in labels:
+            for b in labels:
+                self.assertTrue(a == b or not b.startswith(a), "%s is a prefix of %s" % (a, b))
+        # The tail cases' tiles: sum of ceil(rows / 128) over experts, times ceil(N / 128).
+        tiles = {label: sum((s + 127) // 128 for s in pb.ch05_group_sizes(kind, e, rows)) * ((n + 127) // 128)
+                 for label, kind, e, rows, n, _ in pb.CH06_CASES}
+        self.assertEqual(tiles["tail_G3xM384_N2048_K7168"], 144)
+        self.assertEqual(tiles["tail_G4xM384_N2048_K7168"], 192)
+        self.assertEqual(tiles["G256xM128_N4096_K7168"], 8192)
+        self.assertIn("ch06", pb.BASELINES)

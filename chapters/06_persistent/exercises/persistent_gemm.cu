@@ -1,0 +1,310 @@
+// EXERCISE: the persistent kernel with its schedulers removed. Fill in each TODO; the chapter's
+// tests (ctest --preset exercises -L ch06) say when it is right. Hints are in README.md, Exercises.
+// Persistent grouped GEMM: a grid of SMs × blocks-per-SM blocks that loop over Chapter 5's tiles.
+//
+//   1. prefix_kernel (one block): the m-tile prefix over experts from the device offsets (as in
+//      Chapter 5), and zeroes the schedulers' counters. It runs before the GEMM on the same stream
+//      anyway, so resetting the counters there costs nothing: no cudaMemsetAsync node, no epoch.
+//   2. persistent_kernel<Cfg, scheduler>: every block loops over tiles in Chapter 5's grouped order
+//      and runs Chapter 2's block tile on each, with a __syncthreads() between two tiles (the next
+//      tile's copies overwrite the shared memory the last one read).
+//        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
+//        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
+//        stream_k: whole tiles round-robin, then this block's range of the last waves' k-slices;
+//                  split tiles go through fp32 partials and a fixed-order fix-up (below).
+#include <algorithm>
+#include <cub/block/block_scan.cuh>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "gemm_bf16_block.cuh"
+#include "kc/check.hpp"
+#include "persistent_gemm.hpp"
+#include "schedule.hpp"
+#include "tile_map.hpp"
+
+namespace kc::ch06 {
+
+namespace {
+
+using ch02::block::Fp32Partial;
+using ch02::block::MediumTile3;
+using ch02::block::MediumTile4;
+using ch02::block::NoEpilogue;
+using ch05::kBlockM;
+using ch05::kBlockN;
+
+constexpr int kPrefixThreads = ch05::kMaxExperts;                // one expert per thread
+[[maybe_unused]] constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile (TODO 3 uses it)
+
+// Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
+struct WorkspaceLayout {
+  std::int32_t* tile_prefix;  // [E + 1]
+  std::int32_t* counters;     // [0]: dynamic ticket counter; [1 + s]: arrivals at Stream-K tile s
+  float* partials;            // [2·grid][128 × 128]
+};
+
+std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+WorkspaceLayout layout_of(void* workspace, int experts, int grid) {
+  auto* base = static_cast<unsigned char*>(workspace);
+  const std::size_t prefix_bytes = round_up_256(static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t));
+  const std::size_t counter_bytes =
+      round_up_256(static_cast<std::size_t>(1 + arrival_counters(grid)) * sizeof(std::int32_t));
+  return {reinterpret_cast<std::int32_t*>(base), reinterpret_cast<std::int32_t*>(base + prefix_bytes),
+          reinterpret_cast<float*>(base + prefix_bytes + counter_bytes)};
+}
+
+__global__ void __launch_bounds__(kPrefixThreads)
+    prefix_kernel(const std::int32_t* __restrict__ offsets, int experts, int m_total,
+                  std::int32_t* __restrict__ tile_prefix, std::int32_t* __restrict__ counters, int counter_count) {
+  using Scan = cub::BlockScan<int, kPrefixThreads>;
+  __shared__ typename Scan::TempStorage scratch;
+  const int e = static_cast<int>(threadIdx.x);
+  int tiles = 0;
+  if (e < experts) {
+    int begin = 0, end = 0;
+    ch05::expert_rows(offsets, e, m_total, begin, end);
+    tiles = ch05::m_tiles_of(end - begin, kBlockM);
+  }
+  int inclusive = 0;
+  Scan(scratch).InclusiveSum(tiles, inclusive);
+  if (e < experts) tile_prefix[e + 1] = inclusive;
+  if (e == 0) tile_prefix[0] = 0;
+  for (int i = e; i < counter_count; i += kPrefixThreads) counters[i] = 0;
+}
+
+struct Problem {
+  const __nv_bfloat16* a;
+  const __nv_bfloat16* w;
+  __nv_bfloat16* c;
+  const std::int32_t* offsets;
+  const std::int32_t* tile_prefix;
+  std::int32_t* counters;
+  float* partials;
+  int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
+  bool paired;
+};
+
+// Where linear tile `tile` lies: its expert's A rows and W, C's rows and columns.
+struct TilePlace {
+  const __nv_bfloat16* w_expert;
+  int row0, col0, rows_left, cols_left;
+};
+
+__device__ TilePlace place_of(const Problem& p, int tile, int m_tiles) {
+  const ch05::TileCoord coord = ch05::tile_in_order(ch05::TileOrder::grouped, tile, m_tiles, p.tiles_n, p.group_m);
+  const ch05::TileRows rows = ch05::locate(p.offsets, p.tile_prefix, p.experts, p.m_total, kBlockM, coord.m_tile);
+  const int col0 = coord.n_tile * kBlockN;
+  return {p.w + static_cast<std::int64_t>(rows.expert) * p.n * p.k, rows.row0, col0, rows.rows_left, p.n - col0};
+}
+
+template <class Cfg>
+__device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_tiles) {
+  const TilePlace t = place_of(p, tile, m_tiles);
+  ch02::block::gemm_bf16_block<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left, p.paired,
+                                    NoEpilogue{});
+}
+
+// The fix-up of a split tile, run by its last contributor to arrive: C = round(Σ partials), the
+// partials added in contributor order (= k order), whoever arrived when. Four outputs per step.
+template <class Cfg>
+__device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_tile, const TilePlace& t) {
+  const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
+  constexpr int kGroupsPerRow = kBlockN / 4;
+  for (int g = static_cast<int>(threadIdx.x); g < kBlockM * kGroupsPerRow; g += Cfg::threads) {
+    const int r = g / kGroupsPerRow, col = g % kGroupsPerRow * 4;
+    if (r >= t.rows_left || col >= t.cols_left) continue;
+    const int at = r * kBlockN + col;
+    // __ldcg: from L2, never from this SM's L1, which may hold nothing of other blocks' writes.
+    float4 sum = __ldcg(reinterpret_cast<const float4*>(
+        p.partials + static_cast<std::int64_t>(partial_slot(plan, first, sk_tile)) * kTileFloats + at));
+    for (int b = first + 1; b <= last; ++b) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(
+          p.partials + static_cast<std::int64_t>(partial_slot(plan, b, sk_tile)) * kTileFloats + at));
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    __nv_bfloat16* out = p.c + static_cast<std::int64_t>(t.row0 + r) * p.n + t.col0 + col;
+    const int room = t.cols_left - col;
+    ch02::block::store_pair(out, sum.x, sum.y, room, p.paired);
+    ch02::block::store_pair(out + 2, sum.z, sum.w, room - 2, p.paired);
+  }
+}
+
+template <class Cfg>
+__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles) {
+  __shared__ int arrived_last;
+  const TilePlace t = place_of(p, unit.tile, m_tiles);
+  const int block = static_cast<int>(blockIdx.x);
+  const int sk_tile = unit.tile - plan.dp_tiles;
+  float* mine = p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats;
+  ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
+                                            p.paired, Fp32Partial{mine}, unit.k_begin, unit.k_end);
+  // Publish the partial, then count this arrival. The fence orders each thread's partial stores
+  // before the barrier; thread 0's atomic comes after the barrier, so after all of them.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int contributors = last_contributor(plan, sk_tile) - first_contributor(plan, sk_tile) + 1;
+    // TODO 4: count this arrival on p.counters[1 + sk_tile]; the block that arrives last (all the
+    // other contributors have published their partials) runs the fix-up.
+    arrived_last = contributors == 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (arrived_last != 0) {
+    __threadfence();  // the other contributors' partials, published before their atomics, are visible
+    sum_partials<Cfg>(p, plan, sk_tile, t);
+  }
+}
+
+template <class Cfg, Scheduler kScheduler>
+__global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem p) {
+  const int m_tiles = p.tile_prefix[p.experts];  // the real m-tile count, known only on the device
+  const int tiles = m_tiles * p.tiles_n;         // <= Chapter 5's grid bound <= 2^31 - 1 (validated)
+  const int block = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
+
+  if constexpr (kScheduler == Scheduler::static_round_robin) {
+    // TODO 1: loop over this block's tiles (block, block + grid, ...), run whole_tile<Cfg> on each,
+    // and make the block wait between two tiles before it reuses shared memory. As written, each
+    // block does one tile and the tiles past the grid are never computed.
+    if (block < tiles) whole_tile<Cfg>(p, block, m_tiles);
+  } else if constexpr (kScheduler == Scheduler::dynamic_atomic) {
+    // TODO 2: after each tile, thread 0 claims the next one with atomicAdd on p.counters[0]
+    // (dynamic_tile_of_ticket), shares it through shared memory, and every thread moves on to it.
+    // Mind the two barriers: one to publish the claim, one before thread 0 may overwrite it.
+    if (block < tiles) whole_tile<Cfg>(p, block, m_tiles);
+  } else {
+    const int k_tiles = (p.k - 1) / ch02::block::kBlockK + 1;
+    const StreamKPlan plan = stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent);
+    // TODO 3: walk this block's units (units_of_block / unit_of_block): whole units through
+    // whole_tile<Cfg>, split ones through stream_k_unit<Cfg>, with a barrier after each unit.
+    // TODO 4 is inside stream_k_unit: the arrival count that elects the tile's fix-up block.
+    (void)plan;
+  }
+}
+
+// --------------------------------------------------------------------------------------- host side
+
+struct DeviceLimits {
+  std::size_t smem_per_block_optin = 0;
+  int sms = 0;
+  bool medium4 = false;  // MediumTile4 fits (else MediumTile3)
+  int slots[3] = {};     // SMs × blocks per SM, per Scheduler
+};
+
+template <class Cfg, Scheduler kScheduler>
+int prepare_kernel(int sms) {
+  const auto kernel = persistent_kernel<Cfg, kScheduler>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::threads, Cfg::smem_bytes));
+  return std::max(1, per_sm) * sms;
+}
+
+template <class Cfg>
+void prepare_kernels(DeviceLimits& limits) {
+  limits.slots[0] = prepare_kernel<Cfg, Scheduler::static_round_robin>(limits.sms);
+  limits.slots[1] = prepare_kernel<Cfg, Scheduler::dynamic_atomic>(limits.sms);
+  limits.slots[2] = prepare_kernel<Cfg, Scheduler::stream_k>(limits.sms);
+}
+
+// Queried once per device; later calls only read the cache (no attribute or occupancy calls
+// inside a capture).
+DeviceLimits current_device_limits() {
+  static std::mutex mutex;
+  static std::map<int, DeviceLimits> cache;
+  int device = 0;
+  check(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = cache.find(device); found != cache.end()) return found->second;
+  DeviceLimits limits;
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  check(cudaDeviceGetAttribute(&limits.sms, cudaDevAttrMultiProcessorCount, device));
+  limits.smem_per_block_optin = static_cast<std::size_t>(optin);
+  if (static_cast<std::size_t>(MediumTile4::smem_bytes) <= limits.smem_per_block_optin) {
+    limits.medium4 = true;
+    prepare_kernels<MediumTile4>(limits);
+  } else if (static_cast<std::size_t>(MediumTile3::smem_bytes) <= limits.smem_per_block_optin) {
+    prepare_kernels<MediumTile3>(limits);
+  } else {
+    throw InvalidArgument("this GPU allows " + std::to_string(limits.smem_per_block_optin) +
+                          " bytes of shared memory per block; the 128 x 128 tile needs " +
+                          std::to_string(MediumTile3::smem_bytes));
+  }
+  cache.emplace(device, limits);
+  return limits;
+}
+
+template <class Cfg>
+void launch_persistent(Scheduler scheduler, int grid, const Problem& p, cudaStream_t stream) {
+  switch (scheduler) {
+    case Scheduler::static_round_robin:
+      persistent_kernel<Cfg, Scheduler::static_round_robin><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      break;
+    case Scheduler::dynamic_atomic:
+      persistent_kernel<Cfg, Scheduler::dynamic_atomic><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      break;
+    case Scheduler::stream_k:
+      persistent_kernel<Cfg, Scheduler::stream_k><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      break;
+  }
+}
+
+}  // namespace
+
+int persistent_slots(Scheduler scheduler) {
+  const int index = static_cast<int>(scheduler);
+  if (index < 0 || index > 2) throw InvalidArgument("scheduler (" + std::to_string(index) + ") is not a Scheduler");
+  return current_device_limits().slots[index];
+}
+
+std::size_t grouped_gemm_persistent_workspace_bytes(const GroupedGemmShape& shape) {
+  int grid = 1;
+  for (Scheduler s : {Scheduler::static_round_robin, Scheduler::dynamic_atomic, Scheduler::stream_k}) {
+    grid = std::max(grid, persistent_grid(shape, s));
+  }
+  return persistent_workspace_bytes(shape, grid);
+}
+
+int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler) {
+  const std::int64_t bound = ch05::grouped_gemm_grid_blocks(shape);
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(persistent_slots(scheduler), bound)));
+}
+
+void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                             __nv_bfloat16* c, const std::int32_t* offsets, void* workspace,
+                             std::size_t workspace_bytes, const PersistentOptions& options, cudaStream_t stream) {
+  ch05::validate_grouped_gemm(shape, a, w, c, offsets);
+  const int index = static_cast<int>(options.scheduler);
+  if (index < 0 || index > 2) {
+    throw InvalidArgument("options.scheduler (" + std::to_string(index) + ") is not a Scheduler");
+  }
+  const int grid = persistent_grid(shape, options.scheduler);
+  validate_persistent_options(shape, c, options, workspace, workspace_bytes, grid);
+  if (shape.m_total == 0) return;  // no rows: nothing to compute or write
+  const DeviceLimits limits = current_device_limits();
+  const WorkspaceLayout layout = layout_of(workspace, shape.experts, grid);
+  prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(offsets, shape.experts, static_cast<int>(shape.m_total),
+                                                  layout.tile_prefix, layout.counters, 1 + arrival_counters(grid));
+  check_launch();
+  const Problem p{a, w, c, offsets, layout.tile_prefix, layout.counters, layout.partials, shape.experts,
+                  static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
+                  ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m,
+                  options.stream_k_max_tail_percent,
+                  // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
+                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0};
+  if (limits.medium4) {
+    launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
+  } else {
+    launch_persistent<MediumTile3>(options.scheduler, grid, p, stream);
+  }
+  check_launch();
+}
+
+}  // namespace kc::ch06

@@ -1,0 +1,122 @@
+// Host-side rules, sizes and the lesson's arithmetic for Chapter 6. No CUDA call here: everything
+// is tested on machines without a GPU.
+#include <cstdio>
+#include <sstream>
+#include <string>
+
+#include "kc/check.hpp"
+#include "persistent_gemm.hpp"
+
+namespace kc::ch06 {
+
+namespace {
+
+std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t y_bytes) {
+  const auto xs = reinterpret_cast<std::uintptr_t>(x);
+  const auto ys = reinterpret_cast<std::uintptr_t>(y);
+  return x_bytes > 0 && y_bytes > 0 && xs < ys + y_bytes && ys < xs + x_bytes;
+}
+
+}  // namespace
+
+std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid) {
+  if (shape.experts < 1 || shape.experts > ch05::kMaxExperts) {
+    throw InvalidArgument("shape.experts (" + std::to_string(shape.experts) + ") must be in [1, " +
+                          std::to_string(ch05::kMaxExperts) + "]");
+  }
+  if (grid < 1) throw InvalidArgument("grid (" + std::to_string(grid) + ") must be >= 1");
+  const std::size_t prefix = round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
+  const std::size_t counters = round_up_256(static_cast<std::size_t>(1 + arrival_counters(grid)) * 4);
+  const std::size_t partials = static_cast<std::size_t>(partial_slots(grid)) * ch05::kBlockM * ch05::kBlockN * 4;
+  return prefix + counters + partials;
+}
+
+void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
+                                 const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
+                                 int grid) {
+  const int scheduler = static_cast<int>(options.scheduler);
+  if (scheduler < 0 || scheduler > 2) {
+    throw InvalidArgument("options.scheduler (" + std::to_string(scheduler) + ") is not a Scheduler");
+  }
+  if (options.group_m < 1) {
+    throw InvalidArgument("options.group_m (" + std::to_string(options.group_m) + ") must be >= 1");
+  }
+  if (options.stream_k_max_tail_percent < 0 || options.stream_k_max_tail_percent > 100) {
+    throw InvalidArgument("options.stream_k_max_tail_percent (" + std::to_string(options.stream_k_max_tail_percent) +
+                          ") must be in [0, 100]");
+  }
+  const std::size_t needed = persistent_workspace_bytes(shape, grid);
+  if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
+    throw InvalidArgument("workspace must be 16-byte aligned (float4 partial tiles)");
+  }
+  if (workspace_bytes < needed) {
+    throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) +
+                          ") must be >= " + std::to_string(needed) + " (grouped_gemm_persistent_workspace_bytes)");
+  }
+  const auto c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(shape.n) * 2;
+  if (overlaps(c, c_bytes, workspace, needed)) throw InvalidArgument("workspace must not overlap c");
+}
+
+std::int64_t grouped_tiles(const GroupedGemmShape& shape, std::span<const std::int32_t> host_offsets) {
+  ch05::validate_host_offsets(shape, host_offsets);
+  std::int64_t m_tiles = 0;
+  for (int e = 0; e < shape.experts; ++e) {
+    m_tiles += ch05::m_tiles_of(host_offsets[e + 1] - host_offsets[e], ch05::kBlockM);
+  }
+  return m_tiles * ((shape.n + ch05::kBlockN - 1) / ch05::kBlockN);
+}
+
+namespace {
+
+BenchCase uniform_case(const char* prefix, int experts, std::int32_t rows_per_expert, std::int64_t n, std::int64_t k) {
+  BenchCase cs;
+  std::ostringstream label;  // not a chain of string +: GCC 12's -Wrestrict misfires on those
+  label << prefix << "G" << experts << "xM" << rows_per_expert << "_N" << n << "_K" << k;
+  cs.label = label.str();
+  cs.sizes = ch05::group_sizes(ch05::GroupSizes::uniform, experts, experts * rows_per_expert);
+  cs.shape = {static_cast<std::int64_t>(experts) * rows_per_expert, n, k, experts};
+  return cs;
+}
+
+BenchCase skewed_case(const char* name, ch05::GroupSizes kind, int experts, std::int32_t rows, std::int64_t n,
+                      std::int64_t k) {
+  BenchCase cs;
+  std::ostringstream label;
+  label << "E" << experts << "_M" << rows << "_" << name << "_N" << n << "_K" << k;
+  cs.label = label.str();
+  cs.sizes = ch05::group_sizes(kind, experts, rows);
+  cs.shape = {rows, n, k, experts};
+  return cs;
+}
+
+}  // namespace
+
+std::vector<BenchCase> benchmark_cases() {
+  using ch05::GroupSizes;
+  return {uniform_case("", 8, 4096, 4096, 7168), uniform_case("", 32, 256, 4096, 7168),
+          uniform_case("", 256, 128, 4096, 7168), skewed_case("zipf", GroupSizes::zipf, 256, 8192, 4096, 7168),
+          skewed_case("hot", GroupSizes::one_hot, 256, 8192, 4096, 7168),
+          skewed_case("empty25", GroupSizes::quarter_empty, 256, 8192, 4096, 7168),
+          uniform_case("", 8, 4096, 7168, 2048), uniform_case("", 8, 4096, 28672, 4096),
+          // Poor last waves on 132 slots: 9 m-tiles × 16 n-tiles = 144 tiles (1.09 waves) and
+          // 12 × 16 = 192 tiles (1.45 waves); DeepSeek-V3's K = 7168, one 2048-wide projection.
+          uniform_case("tail_", 3, 384, 2048, 7168), uniform_case("tail_", 4, 384, 2048, 7168)};
+}
+
+std::string wave_table_row(const BenchCase& bench_case, int slots) {
+  const std::vector<std::int32_t> offsets = ch05::offsets_of_sizes(bench_case.sizes);
+  const std::int64_t tiles = grouped_tiles(bench_case.shape, offsets);
+  const Waves w = waves_of(tiles, slots);
+  const double stream_k_waves = static_cast<double>(tiles) / static_cast<double>(slots);
+  char line[256];
+  std::snprintf(line, sizeof line, "| `%s` | %lld | %lld | %lld | %.0f %% | %.1f %% | %.2f × |",
+                bench_case.label.c_str(), static_cast<long long>(tiles), static_cast<long long>(w.waves),
+                static_cast<long long>(w.last_wave_tiles), 100.0 * w.last_wave_utilisation, 100.0 * w.efficiency,
+                stream_k_waves > 0 ? static_cast<double>(w.waves) / stream_k_waves : 0.0);
+  return line;
+}
+
+}  // namespace kc::ch06

@@ -1,0 +1,182 @@
+/// @file schedule.hpp
+/// @brief Chapter 6's schedulers as pure `__host__ __device__` functions: the wave arithmetic, the
+/// static round-robin and dynamic (atomic ticket) persistent schedules, and the Stream-K plan that
+/// splits the last waves' tiles along K. The kernels call exactly these functions and the CPU tests
+/// check them: every tile done exactly once, every split tile's K slices exactly once and in whole
+/// 64-wide slices, for any tile count, grid and K. Chapter 8 reuses them.
+///
+/// Vocabulary. A *tile* is one 128 × 128 block tile of C (Chapter 5's linear tile ids, in the
+/// grouped order). *Slots* are the blocks that can run at once: SMs × blocks per SM. A *wave* is one
+/// round of slots; with equal tiles, ceil(tiles / slots) waves run, the last one with
+/// tiles − (waves − 1) · slots tiles. A *k-slice* (iteration) is one 64-wide step of the main loop;
+/// a tile has k_tiles = ceil(K / 64) of them.
+///
+/// Stream-K with a data-parallel head (the "two-tile" hybrid of the Stream-K paper and CUTLASS):
+///
+///     tiles  0 ...................... dp_tiles-1 | dp_tiles ............. tiles-1
+///            whole tiles, block b takes b,      | the last (remainder + one full wave) tiles,
+///            b + grid, b + 2·grid, ...          | their k-slices laid end to end and cut into
+///                                               | sk_blocks equal ranges, one per block
+///
+///     e.g. 144 tiles, 132 blocks, 4 slices per tile (K = 256): dp_tiles = 0, sk_tiles = 144, 576
+///     slices, block b gets slices [b·576/132, (b+1)·576/132): 4 or 5 slices each, so most blocks
+///     finish one tile's end and start the next one's beginning.
+///
+/// A tile covered by one block's range is computed whole and stored directly. A tile split among
+/// blocks ("contributors", consecutive block ids, lowest id = lowest k) is stored by each
+/// contributor as an fp32 partial; the last contributor to arrive sums the partials in contributor
+/// order (= k order), rounds once and stores: deterministic whatever the arrival order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kc::ch06 {
+
+/// The wave arithmetic of @p tiles equal tiles on @p slots slots.
+struct Waves {
+  std::int64_t tiles = 0;            ///< tiles of the launch
+  std::int64_t slots = 0;            ///< blocks that run at once (SMs × blocks per SM)
+  std::int64_t waves = 0;            ///< ceil(tiles / slots)
+  std::int64_t full_waves = 0;       ///< floor(tiles / slots)
+  std::int64_t last_wave_tiles = 0;  ///< tiles in the last wave (slots when it is full; 0 for no tiles)
+  double last_wave_utilisation = 0;  ///< last_wave_tiles / slots
+  double efficiency = 0;             ///< tiles / (waves · slots): the best any one-tile-per-slot schedule does
+};
+
+/// Waves of @p tiles equal tiles on @p slots slots (@p slots >= 1, @p tiles >= 0).
+__host__ __device__ constexpr Waves waves_of(std::int64_t tiles, std::int64_t slots) {
+  Waves w;
+  w.tiles = tiles;
+  w.slots = slots;
+  if (tiles <= 0 || slots <= 0) return w;
+  w.waves = (tiles + slots - 1) / slots;
+  w.full_waves = tiles / slots;
+  w.last_wave_tiles = tiles - (w.waves - 1) * slots;
+  w.last_wave_utilisation = static_cast<double>(w.last_wave_tiles) / static_cast<double>(slots);
+  w.efficiency = static_cast<double>(tiles) / static_cast<double>(w.waves * slots);
+  return w;
+}
+
+// ------------------------------------------------------------------------------------ persistent
+
+/// Static round-robin: block @p block of @p grid takes tiles block, block + grid, ... This many.
+__host__ __device__ constexpr int static_tile_count(int tiles, int grid, int block) {
+  return block < tiles ? (tiles - 1 - block) / grid + 1 : 0;
+}
+
+/// Static round-robin: the @p i-th tile of block @p block.
+__host__ __device__ constexpr int static_tile(int grid, int block, int i) { return block + i * grid; }
+
+/// Dynamic: every block first takes tile blockIdx.x, then claims tickets 0, 1, 2, ... from one
+/// atomic counter (zeroed before the launch); ticket t names tile grid + t. A block stops at the
+/// first claimed tile >= tiles. Which block gets which tile depends on timing; that each tile is
+/// claimed exactly once does not (the counter hands out each ticket once).
+__host__ __device__ constexpr int dynamic_tile_of_ticket(int grid, int ticket) { return grid + ticket; }
+
+// -------------------------------------------------------------------------------------- Stream-K
+
+/// The Stream-K schedule of one launch: which tiles are whole, which are shared along K.
+struct StreamKPlan {
+  int tiles = 0;              ///< all tiles
+  int k_tiles = 0;            ///< 64-wide k-slices per tile
+  int grid = 0;               ///< blocks of the persistent grid
+  int dp_tiles = 0;           ///< tiles [0, dp_tiles): whole, round-robin (static_tile)
+  int sk_tiles = 0;           ///< tiles [dp_tiles, tiles): their k-slices shared by sk_blocks blocks
+  int sk_blocks = 0;          ///< blocks [0, sk_blocks) share the Stream-K slices: min(grid, sk_iters)
+  std::int64_t sk_iters = 0;  ///< sk_tiles · k_tiles
+};
+
+/// The plan for @p tiles tiles of @p k_tiles slices on @p grid blocks. No Stream-K (all tiles whole)
+/// when the tiles fill whole waves, when a tile has a single slice, or when the last wave is
+/// already more than @p max_tail_percent % full (the fix-up would cost more than the idle slots).
+/// Otherwise the Stream-K region is the last (remainder + grid) tiles, or all tiles when there is
+/// less than one wave: every Stream-K block gets between one and two tiles' worth of slices.
+__host__ __device__ constexpr StreamKPlan stream_k_plan(int tiles, int k_tiles, int grid, int max_tail_percent) {
+  StreamKPlan p;
+  p.tiles = tiles > 0 ? tiles : 0;
+  p.k_tiles = k_tiles;
+  p.grid = grid;
+  p.dp_tiles = p.tiles;
+  if (p.tiles == 0 || grid < 1 || k_tiles < 2) return p;
+  const int remainder = p.tiles % grid;
+  if (remainder == 0) return p;
+  if (static_cast<std::int64_t>(remainder) * 100 > static_cast<std::int64_t>(max_tail_percent) * grid) return p;
+  p.sk_tiles = p.tiles < grid ? p.tiles : remainder + grid;
+  p.dp_tiles = p.tiles - p.sk_tiles;
+  p.sk_iters = static_cast<std::int64_t>(p.sk_tiles) * k_tiles;
+  p.sk_blocks = p.sk_iters < grid ? static_cast<int>(p.sk_iters) : grid;
+  return p;
+}
+
+/// First Stream-K slice of block @p block: block · sk_iters / sk_blocks (sk_iters for blocks
+/// without a range). Ranges are [sk_begin(b), sk_begin(b + 1)), each at least one slice long.
+__host__ __device__ constexpr std::int64_t sk_begin(const StreamKPlan& p, int block) {
+  return block >= p.sk_blocks ? p.sk_iters : static_cast<std::int64_t>(block) * p.sk_iters / p.sk_blocks;
+}
+
+/// The block whose range holds Stream-K slice @p iter (0 <= iter < sk_iters): the largest b with
+/// sk_begin(b) <= iter, i.e. ((iter + 1) · sk_blocks − 1) / sk_iters.
+__host__ __device__ constexpr int sk_owner(const StreamKPlan& p, std::int64_t iter) {
+  return static_cast<int>(((iter + 1) * p.sk_blocks - 1) / p.sk_iters);
+}
+
+/// One piece of work: k-slices [k_begin, k_end) of tile @p tile.
+struct WorkUnit {
+  int tile = 0;     ///< linear tile id (Chapter 5's order)
+  int k_begin = 0;  ///< first 64-wide k-slice
+  int k_end = 0;    ///< one past the last
+};
+
+/// Units of block @p block: its whole data-parallel tiles, then one unit per tile its Stream-K
+/// range touches.
+__host__ __device__ constexpr int units_of_block(const StreamKPlan& p, int block) {
+  const int dp = static_tile_count(p.dp_tiles, p.grid, block);
+  const std::int64_t begin = sk_begin(p, block), end = sk_begin(p, block + 1);
+  const int sk = begin < end ? static_cast<int>((end - 1) / p.k_tiles - begin / p.k_tiles + 1) : 0;
+  return dp + sk;
+}
+
+/// The @p u-th unit of block @p block (0 <= u < units_of_block).
+__host__ __device__ constexpr WorkUnit unit_of_block(const StreamKPlan& p, int block, int u) {
+  const int dp = static_tile_count(p.dp_tiles, p.grid, block);
+  if (u < dp) return WorkUnit{static_tile(p.grid, block, u), 0, p.k_tiles};
+  const std::int64_t begin = sk_begin(p, block), end = sk_begin(p, block + 1);
+  const std::int64_t local = begin / p.k_tiles + (u - dp);  // Stream-K tile, counted from dp_tiles
+  const std::int64_t tile_start = local * p.k_tiles;
+  const std::int64_t from = u == dp ? begin : tile_start;
+  const std::int64_t to = end < tile_start + p.k_tiles ? end : tile_start + p.k_tiles;
+  return WorkUnit{p.dp_tiles + static_cast<int>(local), static_cast<int>(from - tile_start),
+                  static_cast<int>(to - tile_start)};
+}
+
+/// True when @p unit is a whole tile (stored directly); false when it is one contributor's part.
+__host__ __device__ constexpr bool is_whole(const StreamKPlan& p, const WorkUnit& unit) {
+  return unit.k_begin == 0 && unit.k_end == p.k_tiles;
+}
+
+/// First (lowest k) contributor of Stream-K tile @p sk_tile (counted from dp_tiles).
+__host__ __device__ constexpr int first_contributor(const StreamKPlan& p, int sk_tile) {
+  return sk_owner(p, static_cast<std::int64_t>(sk_tile) * p.k_tiles);
+}
+
+/// Last (highest k) contributor of Stream-K tile @p sk_tile. Contributors are the consecutive
+/// blocks first … last (every Stream-K block's range is non-empty).
+__host__ __device__ constexpr int last_contributor(const StreamKPlan& p, int sk_tile) {
+  return sk_owner(p, static_cast<std::int64_t>(sk_tile + 1) * p.k_tiles - 1);
+}
+
+/// The partial-tile slot where block @p block stores its part of Stream-K tile @p sk_tile: a block
+/// has at most two split units, its range's first tile (slot 2·block) and its last (2·block + 1).
+__host__ __device__ constexpr int partial_slot(const StreamKPlan& p, int block, int sk_tile) {
+  return 2 * block + (sk_tile == static_cast<int>(sk_begin(p, block) / p.k_tiles) ? 0 : 1);
+}
+
+/// Partial-tile slots a launch on @p grid blocks may use (2 per block).
+__host__ __device__ constexpr int partial_slots(int grid) { return 2 * grid; }
+
+/// Arrival counters a launch on @p grid blocks may use: one per Stream-K tile (< 2 · grid).
+__host__ __device__ constexpr int arrival_counters(int grid) { return 2 * grid; }
+
+}  // namespace kc::ch06

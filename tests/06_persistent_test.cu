@@ -1,0 +1,517 @@
+// Chapter 6 tests: the schedulers (static, dynamic, Stream-K) and the wave arithmetic on the CPU,
+// argument rules and workspace sizes; on a GPU, every scheduler against fp64 (sampled) and
+// Chapter 5's kernel (all elements: bitwise for static and dynamic, which add K in the same order;
+// 1e-2 relative for Stream-K, whose split tiles add fp32 partials), random group sizes with zeros,
+// ones and skew, poisoned outputs, bad arguments, graph capture and bitwise repeatability.
+//
+// Tolerance: 1e-2 relative Frobenius (the course's bf16 rule: bf16 operands, fp32 accumulation, one
+// rounding per output). Stream-K changes only the order of fp32 additions: a few ulps of fp32, far
+// below one bf16 rounding; a slice added twice or missed gives errors of order 1 / k_tiles or more.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "grouped_gemm.hpp"
+#include "kc/compare.hpp"
+#include "kc/device_buffer.hpp"
+#include "kc/random.hpp"
+#include "kc/reference.hpp"
+#include "kc/test_support.hpp"
+#include "persistent_gemm.hpp"
+#include "schedule.hpp"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using kc::ch06::GroupedGemmShape;
+using kc::ch06::PersistentOptions;
+using kc::ch06::Scheduler;
+using kc::ch06::StreamKPlan;
+using kc::test::expect_invalid_argument;
+
+constexpr double kTolerance = 1e-2;  // see the top of the file
+
+// ---------------------------------------------------------------- CPU: wave arithmetic
+
+TEST(PersistentWaves, Arithmetic) {
+  const auto w = kc::ch06::waves_of(144, 132);
+  EXPECT_EQ(w.waves, 2);
+  EXPECT_EQ(w.full_waves, 1);
+  EXPECT_EQ(w.last_wave_tiles, 12);
+  EXPECT_NEAR(w.last_wave_utilisation, 12.0 / 132, 1e-12);
+  EXPECT_NEAR(w.efficiency, 144.0 / 264, 1e-12);
+  const auto full = kc::ch06::waves_of(264, 132);
+  EXPECT_EQ(full.waves, 2);
+  EXPECT_EQ(full.last_wave_tiles, 132);
+  EXPECT_EQ(full.last_wave_utilisation, 1.0);
+  const auto none = kc::ch06::waves_of(0, 132);
+  EXPECT_EQ(none.waves, 0);
+  EXPECT_EQ(none.last_wave_tiles, 0);
+  const auto small = kc::ch06::waves_of(5, 132);
+  EXPECT_EQ(small.waves, 1);
+  EXPECT_EQ(small.last_wave_tiles, 5);
+}
+
+// The benchmark's cases on an H200 (132 SMs, one 128 KiB block per SM): the numbers the lesson's
+// table shows. Prints the table (README.md, "Wave quantization") from wave_table_row.
+TEST(PersistentWaves, BenchmarkCasesOn132Slots) {
+  struct Want {
+    const char* label;
+    std::int64_t tiles, waves, last;
+  };
+  const Want want[] = {{"G8xM4096_N4096_K7168", 8192, 63, 8},        {"G32xM256_N4096_K7168", 2048, 16, 68},
+                       {"G256xM128_N4096_K7168", 8192, 63, 8},       {"E256_M8192_zipf_N4096_K7168", 9056, 69, 80},
+                       {"E256_M8192_hot_N4096_K7168", 9184, 70, 76}, {"E256_M8192_empty25_N4096_K7168", 6144, 47, 72},
+                       {"G8xM4096_N7168_K2048", 14336, 109, 80},     {"G8xM4096_N28672_K4096", 57344, 435, 56},
+                       {"tail_G3xM384_N2048_K7168", 144, 2, 12},     {"tail_G4xM384_N2048_K7168", 192, 2, 60}};
+  const auto cases = kc::ch06::benchmark_cases();
+  ASSERT_EQ(cases.size(), std::size(want));
+  std::cout << "| Case | Tiles | Waves | Last wave | Last-wave use | Efficiency | Ideal Stream-K gain |\n"
+            << "|---|---|---|---|---|---|---|\n";
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(cases[i].label, want[i].label);
+    const auto offsets = kc::ch05::offsets_of_sizes(cases[i].sizes);
+    const std::int64_t tiles = kc::ch06::grouped_tiles(cases[i].shape, offsets);
+    const auto w = kc::ch06::waves_of(tiles, 132);
+    EXPECT_EQ(tiles, want[i].tiles) << want[i].label;
+    EXPECT_EQ(w.waves, want[i].waves) << want[i].label;
+    EXPECT_EQ(w.last_wave_tiles, want[i].last) << want[i].label;
+    std::cout << kc::ch06::wave_table_row(cases[i], 132) << "\n";
+    for (std::size_t j = 0; j < cases.size(); ++j) {
+      if (i != j) EXPECT_FALSE(cases[j].label.starts_with(cases[i].label)) << "a label is a prefix of another";
+    }
+  }
+  // The goal cases: the tails run 2 waves of which the last is 9 % and 45 % full.
+  EXPECT_LT(kc::ch06::waves_of(144, 132).last_wave_utilisation, 0.1);
+  EXPECT_LT(kc::ch06::waves_of(192, 132).last_wave_utilisation, 0.5);
+}
+
+// ---------------------------------------------------------------- CPU: schedulers
+
+TEST(PersistentSchedule, StaticCoversEveryTileOnce) {
+  for (int tiles : {0, 1, 5, 131, 132, 133, 1000}) {
+    for (int grid : {1, 7, 132, 264}) {
+      std::vector<int> seen(static_cast<std::size_t>(tiles), 0);
+      for (int b = 0; b < grid; ++b) {
+        for (int i = 0; i < kc::ch06::static_tile_count(tiles, grid, b); ++i) {
+          const int t = kc::ch06::static_tile(grid, b, i);
+          ASSERT_GE(t, 0);
+          ASSERT_LT(t, tiles);
+          ++seen[static_cast<std::size_t>(t)];
+        }
+      }
+      ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }))
+          << "tiles " << tiles << " grid " << grid;
+    }
+  }
+}
+
+// The dynamic scheduler's protocol, simulated with random interleavings of the blocks: each block
+// does its first tile, then claims a ticket; every tile exactly once whatever the order.
+TEST(PersistentSchedule, DynamicCoversEveryTileOnceInAnyOrder) {
+  std::mt19937_64 rng(kc::test::test_seed());
+  for (int trial = 0; trial < 200; ++trial) {
+    const int tiles = static_cast<int>(rng() % 600), grid = 1 + static_cast<int>(rng() % 140);
+    std::vector<int> seen(static_cast<std::size_t>(tiles), 0), current(static_cast<std::size_t>(grid));
+    for (int b = 0; b < grid; ++b) current[b] = b;
+    int counter = 0;
+    std::vector<int> running;
+    for (int b = 0; b < grid; ++b) {
+      if (current[b] < tiles) running.push_back(b);
+    }
+    while (!running.empty()) {
+      const std::size_t pick = rng() % running.size();
+      const int b = running[pick];
+      ++seen[static_cast<std::size_t>(current[b])];
+      current[b] = kc::ch06::dynamic_tile_of_ticket(grid, counter++);
+      if (current[b] >= tiles) running.erase(running.begin() + static_cast<std::ptrdiff_t>(pick));
+    }
+    ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }))
+        << "tiles " << tiles << " grid " << grid;
+  }
+}
+
+// Stream-K: every (tile, k-slice) exactly once; units in whole slices inside [0, k_tiles); whole
+// tiles only where no other block touches the tile; split tiles' contributors are exactly the
+// blocks that hold a part, consecutive, in k order, each with its own partial slot.
+void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent) {
+  const StreamKPlan p = kc::ch06::stream_k_plan(tiles, k_tiles, grid, max_tail_percent);
+  SCOPED_TRACE("tiles " + std::to_string(tiles) + " k_tiles " + std::to_string(k_tiles) + " grid " +
+               std::to_string(grid) + " tail% " + std::to_string(max_tail_percent));
+  ASSERT_EQ(p.dp_tiles + p.sk_tiles, tiles);
+  ASSERT_LT(p.sk_tiles, kc::ch06::arrival_counters(grid) + 1);
+  const auto w = kc::ch06::waves_of(tiles, grid);
+  if (p.sk_tiles > 0) {
+    ASSERT_GE(p.sk_blocks, 1);
+    ASSERT_LE(p.sk_blocks, grid);
+    ASSERT_EQ(p.dp_tiles % grid, 0) << "the data-parallel part is whole waves";
+    ASSERT_LE(p.sk_tiles, 2 * grid - 1);
+    ASSERT_LE(w.last_wave_tiles * 100, static_cast<std::int64_t>(max_tail_percent) * grid);
+  }
+  std::vector<std::vector<int>> slices(static_cast<std::size_t>(tiles), std::vector<int>(k_tiles, 0));
+  std::vector<std::vector<int>> parts(static_cast<std::size_t>(tiles));  // blocks holding a split part
+  std::vector<int> slot_use(static_cast<std::size_t>(kc::ch06::partial_slots(grid)), 0);
+  for (int b = 0; b < grid; ++b) {
+    const int units = kc::ch06::units_of_block(p, b);
+    int split_units = 0;
+    for (int u = 0; u < units; ++u) {
+      const auto unit = kc::ch06::unit_of_block(p, b, u);
+      ASSERT_GE(unit.tile, 0);
+      ASSERT_LT(unit.tile, tiles);
+      ASSERT_GE(unit.k_begin, 0);
+      ASSERT_LT(unit.k_begin, unit.k_end);
+      ASSERT_LE(unit.k_end, k_tiles);
+      for (int s = unit.k_begin; s < unit.k_end; ++s) ++slices[unit.tile][s];
+      if (!kc::ch06::is_whole(p, unit)) {
+        ASSERT_GE(unit.tile, p.dp_tiles) << "only Stream-K tiles are split";
+        parts[unit.tile].push_back(b);
+        ++split_units;
+        const int slot = kc::ch06::partial_slot(p, b, unit.tile - p.dp_tiles);
+        ASSERT_GE(slot, 2 * b);
+        ASSERT_LE(slot, 2 * b + 1);
+        ++slot_use[static_cast<std::size_t>(slot)];
+      }
+    }
+    ASSERT_LE(split_units, 2);
+  }
+  for (int t = 0; t < tiles; ++t) {
+    for (int s = 0; s < k_tiles; ++s) ASSERT_EQ(slices[t][s], 1) << "tile " << t << " slice " << s;
+    if (parts[t].empty()) continue;
+    const int sk = t - p.dp_tiles;
+    const int first = kc::ch06::first_contributor(p, sk), last = kc::ch06::last_contributor(p, sk);
+    ASSERT_GE(parts[t].size(), 2u) << "a split tile has at least two contributors";
+    ASSERT_EQ(parts[t].front(), first);
+    ASSERT_EQ(parts[t].back(), last);
+    ASSERT_EQ(static_cast<int>(parts[t].size()), last - first + 1) << "consecutive contributors";
+    // Contributor order is k order: each later contributor starts where the previous one ended.
+    int k_next = 0;
+    for (int b : parts[t]) {
+      for (int u = 0; u < kc::ch06::units_of_block(p, b); ++u) {
+        const auto unit = kc::ch06::unit_of_block(p, b, u);
+        if (unit.tile != t) continue;
+        ASSERT_EQ(unit.k_begin, k_next);
+        k_next = unit.k_end;
+      }
+    }
+    ASSERT_EQ(k_next, k_tiles);
+  }
+  for (int use : slot_use) ASSERT_LE(use, 1) << "two split units share a partial slot";
+}
+
+TEST(PersistentSchedule, StreamKEverySliceExactlyOnce) {
+  for (int tiles : {0, 1, 2, 12, 131, 132, 133, 144, 192, 263, 264, 265, 1000}) {
+    for (int k_tiles : {1, 2, 3, 7, 32, 112}) {
+      for (int grid : {1, 2, 5, 132, 264}) {
+        for (int tail : {0, 50, 90, 100}) check_stream_k(tiles, k_tiles, grid, tail);
+      }
+    }
+  }
+}
+
+TEST(PersistentSchedule, StreamKRandomShapes) {
+  std::mt19937_64 rng(kc::test::test_seed());
+  for (int trial = 0; trial < 300; ++trial) {
+    check_stream_k(static_cast<int>(rng() % 3000), 1 + static_cast<int>(rng() % 130), 1 + static_cast<int>(rng() % 300),
+                   static_cast<int>(rng() % 101));
+  }
+}
+
+// The goal cases' plans on 132 blocks with K = 7168 (112 slices): all tiles are Stream-K, each
+// block gets about 1.09 and 1.45 tiles' worth of slices, and no tile has more than 3 contributors.
+TEST(PersistentSchedule, StreamKPlansOfTheTailCases) {
+  for (int tiles : {144, 192}) {
+    const StreamKPlan p = kc::ch06::stream_k_plan(tiles, 112, 132, kc::ch06::kDefaultMaxTailPercent);
+    EXPECT_EQ(p.dp_tiles, 0);
+    EXPECT_EQ(p.sk_tiles, tiles);
+    EXPECT_EQ(p.sk_blocks, 132);
+    std::int64_t most = 0;
+    for (int b = 0; b < 132; ++b) most = std::max(most, kc::ch06::sk_begin(p, b + 1) - kc::ch06::sk_begin(p, b));
+    EXPECT_EQ(most, (static_cast<std::int64_t>(tiles) * 112 + 131) / 132);
+    for (int s = 0; s < tiles; ++s) {
+      EXPECT_LE(kc::ch06::last_contributor(p, s) - kc::ch06::first_contributor(p, s) + 1, 3);
+    }
+  }
+  // G256×128: 8192 tiles, 8 in the last wave: the last 140 tiles are Stream-K.
+  const StreamKPlan big = kc::ch06::stream_k_plan(8192, 112, 132, kc::ch06::kDefaultMaxTailPercent);
+  EXPECT_EQ(big.sk_tiles, 140);
+  EXPECT_EQ(big.dp_tiles, 8052);
+  // A last wave fuller than the threshold, whole waves, or a single slice: no Stream-K.
+  EXPECT_EQ(kc::ch06::stream_k_plan(132 + 125, 112, 132, 90).sk_tiles, 0);
+  EXPECT_EQ(kc::ch06::stream_k_plan(264, 112, 132, 90).sk_tiles, 0);
+  EXPECT_EQ(kc::ch06::stream_k_plan(144, 1, 132, 90).sk_tiles, 0);
+}
+
+// ---------------------------------------------------------------- CPU: arguments
+
+struct alignas(16) HostBuffer {
+  bf16 data[512];
+};
+
+TEST(PersistentArguments, RulesAndWorkspace) {
+  HostBuffer c;
+  const GroupedGemmShape ok{4, 4, 8, 8};
+  // prefix 256 + counters round_up(4 · (1 + 264)) = 1280 + 264 tiles × 64 KiB.
+  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 256u + 1280u + 264u * 65536u);
+  EXPECT_EQ(kc::ch06::persistent_workspace_bytes({4, 4, 8, 300}, 1), 1280u + 256u + 2u * 65536u);
+  expect_invalid_argument([&] { kc::ch06::persistent_workspace_bytes(ok, 0); }, "grid (0) must be >= 1");
+  expect_invalid_argument(
+      [&] {
+        kc::ch06::persistent_workspace_bytes({4, 4, 8, 0}, 1);
+      },
+      "shape.experts (0) must be in [1, 1024]");
+  std::vector<float4> workspace(kc::ch06::persistent_workspace_bytes(ok, 2) / sizeof(float4));
+  const std::size_t bytes = workspace.size() * sizeof(float4);
+  EXPECT_NO_THROW(kc::ch06::validate_persistent_options(ok, c.data, {}, workspace.data(), bytes, 2));
+  auto bad = [&](PersistentOptions o, const std::string& rule) {
+    expect_invalid_argument([&] { kc::ch06::validate_persistent_options(ok, c.data, o, workspace.data(), bytes, 2); },
+                            rule);
+  };
+  bad({static_cast<Scheduler>(7)}, "options.scheduler (7) is not a Scheduler");
+  bad({Scheduler::stream_k, 0}, "options.group_m (0) must be >= 1");
+  bad({Scheduler::stream_k, 8, 101}, "options.stream_k_max_tail_percent (101) must be in [0, 100]");
+  bad({Scheduler::stream_k, 8, -1}, "options.stream_k_max_tail_percent (-1) must be in [0, 100]");
+  expect_invalid_argument(
+      [&] { kc::ch06::validate_persistent_options(ok, c.data, {}, workspace.data(), bytes - 1, 2); },
+      "workspace_bytes (" + std::to_string(bytes - 1) + ") must be >= " + std::to_string(bytes));
+  expect_invalid_argument([&] { kc::ch06::validate_persistent_options(ok, c.data, {}, nullptr, bytes, 2); },
+                          "workspace must not be null");
+  expect_invalid_argument(
+      [&] {
+        kc::ch06::validate_persistent_options(ok, c.data, {}, reinterpret_cast<unsigned char*>(workspace.data()) + 4,
+                                              bytes, 2);
+      },
+      "workspace must be 16-byte aligned");
+  expect_invalid_argument(
+      [&] {
+        kc::ch06::validate_persistent_options(ok, reinterpret_cast<bf16*>(workspace.data()), {}, workspace.data(),
+                                              bytes, 2);
+      },
+      "workspace must not overlap c");
+  // Tiles of host group sizes, with empty experts.
+  const std::vector<std::int32_t> offsets = kc::ch05::offsets_of_sizes(std::vector<std::int32_t>{300, 0, 128, 1});
+  EXPECT_EQ(kc::ch06::grouped_tiles({429, 200, 8, 4}, offsets), 5 * 2);
+  expect_invalid_argument([&] { kc::ch06::grouped_tiles({10, 200, 8, 4}, offsets); }, "must be <= shape.m_total");
+}
+
+// ---------------------------------------------------------------- GPU
+
+struct Problem {
+  GroupedGemmShape shape;
+  std::vector<std::int32_t> offsets;
+  std::vector<bf16> a, w;
+};
+
+std::vector<std::int32_t> random_sizes(std::mt19937_64& rng, int experts, int max_rows) {
+  std::vector<std::int32_t> sizes(static_cast<std::size_t>(experts));
+  const int kind = static_cast<int>(rng() % 5);
+  for (int e = 0; e < experts; ++e) {
+    const auto r = static_cast<int>(rng() % static_cast<std::uint64_t>(max_rows + 1));
+    switch (kind) {
+      case 0: sizes[e] = r; break;                                                    // random, zeros included
+      case 1: sizes[e] = static_cast<int>(rng() % 3); break;                          // zeros and ones
+      case 2: sizes[e] = e % 3 == 0 ? 0 : r; break;                                   // a third empty
+      case 3: sizes[e] = e == 0 ? max_rows * 4 : static_cast<int>(rng() % 2); break;  // one hot expert
+      default: sizes[e] = static_cast<int>(max_rows / (e + 1)); break;                // Zipf-like skew
+    }
+  }
+  return sizes;
+}
+
+Problem random_problem(const std::vector<std::int32_t>& sizes, std::int64_t n, std::int64_t k, std::uint64_t seed,
+                       std::int64_t extra_rows = 0) {
+  Problem p;
+  p.offsets = kc::ch05::offsets_of_sizes(sizes);
+  p.shape = {p.offsets.back() + extra_rows, n, k, static_cast<int>(sizes.size())};
+  p.a.resize(static_cast<std::size_t>(p.shape.m_total * k));
+  p.w.resize(static_cast<std::size_t>(sizes.size() * n * k));
+  kc::fill_uniform(std::span<bf16>(p.a), seed);
+  kc::fill_uniform(std::span<bf16>(p.w), seed + 1);
+  return p;
+}
+
+// Sampled fp64 check: every row's first and last columns and random elements; rows of no expert
+// must still hold the poison.
+void expect_matches_fp64(const Problem& p, const std::vector<bf16>& got, std::uint64_t seed) {
+  const std::vector<double> a = kc::ref::widen(std::span<const bf16>(p.a));
+  const std::vector<double> w = kc::ref::widen(std::span<const bf16>(p.w));
+  std::vector<bf16> sampled;
+  std::vector<double> want;
+  std::mt19937_64 rng(seed);
+  const std::int64_t rows = p.offsets.back(), n = p.shape.n;
+  auto sample = [&](std::int64_t r, std::int64_t col) {
+    sampled.push_back(got[static_cast<std::size_t>(r * n + col)]);
+    want.push_back(kc::ch05::grouped_gemm_reference_element(a, w, p.offsets, n, p.shape.k, r, col));
+  };
+  for (std::int64_t r = 0; r < rows; ++r) {
+    sample(r, 0);
+    sample(r, n - 1);
+  }
+  for (int i = 0; i < 4000 && rows > 0; ++i) {
+    sample(static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(rows)),
+           static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(n)));
+  }
+  kc::test::expect_close(kc::compare<bf16>(sampled, want, kc::test::kPoisonByte), kTolerance, "vs fp64 (sampled)");
+  const std::span<const bf16> beyond(got.data() + rows * n, static_cast<std::size_t>((p.shape.m_total - rows) * n));
+  EXPECT_EQ(kc::count_poisoned(beyond, kc::test::kPoisonByte), beyond.size()) << "wrote rows of no expert";
+}
+
+const char* name_of(Scheduler s) {
+  switch (s) {
+    case Scheduler::static_round_robin: return "static";
+    case Scheduler::dynamic_atomic: return "dynamic";
+    case Scheduler::stream_k: return "stream_k";
+  }
+  return "?";
+}
+
+constexpr Scheduler kAll[] = {Scheduler::static_round_robin, Scheduler::dynamic_atomic, Scheduler::stream_k};
+
+// Runs Chapter 5's kernel (scheduler == nullptr) or the persistent one into a poisoned, guarded C.
+std::vector<bf16> run_path(const Problem& p, const Scheduler* scheduler, std::size_t* guard_damage = nullptr,
+                           int max_tail_percent = kc::ch06::kDefaultMaxTailPercent) {
+  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
+  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
+  if (scheduler == nullptr) {
+    kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
+    kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size());
+  } else {
+    kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
+    kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                      workspace.size(), {*scheduler, kc::ch05::kDefaultGroupM, max_tail_percent});
+  }
+  kc::check(cudaDeviceSynchronize());
+  if (guard_damage != nullptr) *guard_damage = c.guard_damage();
+  return c.to_host();
+}
+
+class PersistentGpu : public kc::test::GpuTest {};
+
+// Random group sizes of every kind, odd N and K: every scheduler against fp64 and Chapter 5.
+TEST_F(PersistentGpu, EverySchedulerMatchesFp64AndChapter5) {
+  const std::uint64_t seed = kc::test::test_seed();
+  std::mt19937_64 rng(seed);
+  const int trials = kc::test::small_tests_only() ? 2 : 8;
+  for (int trial = 0; trial < trials; ++trial) {
+    const int experts = 1 + static_cast<int>(rng() % 24);
+    const std::vector<std::int32_t> sizes = random_sizes(rng, experts, 300);
+    const std::int64_t n = trial % 2 == 0 ? 136 : 1 + static_cast<std::int64_t>(rng() % 300);
+    const std::int64_t k = 8 * (1 + static_cast<std::int64_t>(rng() % 60));
+    const Problem p = random_problem(sizes, n, k, seed + static_cast<std::uint64_t>(trial), trial % 3);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": E=" + std::to_string(experts) +
+                 " rows=" + std::to_string(p.offsets.back()) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
+    if (p.shape.m_total == 0) continue;
+    const std::vector<bf16> chapter5 = run_path(p, nullptr);
+    const std::vector<double> chapter5_d = kc::ref::widen(std::span<const bf16>(chapter5));
+    const std::size_t rows_n = static_cast<std::size_t>(p.offsets.back() * n);
+    for (Scheduler s : kAll) {
+      for (int tail : {kc::ch06::kDefaultMaxTailPercent, 100}) {  // 100: Stream-K whenever there is a tail
+        if (s != Scheduler::stream_k && tail == 100) continue;
+        SCOPED_TRACE(std::string(name_of(s)) + " tail% " + std::to_string(tail));
+        std::size_t damage = 0;
+        const std::vector<bf16> got = run_path(p, &s, &damage, tail);
+        EXPECT_EQ(damage, 0u) << "wrote past the end of c";
+        expect_matches_fp64(p, got, seed);
+        if (s == Scheduler::stream_k) {
+          kc::test::expect_close(
+              kc::compare<bf16>(std::span<const bf16>(got).first(rows_n),
+                                std::span<const double>(chapter5_d).first(rows_n), kc::test::kPoisonByte),
+              kTolerance, "vs Chapter 5 (all elements)");
+        } else {
+          EXPECT_EQ(std::memcmp(got.data(), chapter5.data(), got.size() * sizeof(bf16)), 0)
+              << "same tiles, same K order: bitwise Chapter 5";
+        }
+      }
+    }
+  }
+}
+
+// A tail case of the benchmark's kind, smaller K: 144 tiles, so Stream-K splits on any GPU with
+// fewer than 144 slots; all elements against Chapter 5.
+TEST_F(PersistentGpu, TailCaseMatchesChapter5) {
+  if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
+  const Problem p = random_problem({384, 384, 384}, 2048, 1024, kc::test::test_seed());
+  const std::vector<bf16> chapter5 = run_path(p, nullptr);
+  const std::vector<double> chapter5_d = kc::ref::widen(std::span<const bf16>(chapter5));
+  for (Scheduler s : kAll) {
+    SCOPED_TRACE(name_of(s));
+    const std::vector<bf16> got = run_path(p, &s, nullptr, 100);
+    expect_matches_fp64(p, got, 11);
+    kc::test::expect_close(kc::compare<bf16>(got, chapter5_d, kc::test::kPoisonByte), kTolerance, "vs Chapter 5");
+  }
+}
+
+TEST_F(PersistentGpu, AllExpertsEmpty) {
+  const Problem p = random_problem(std::vector<std::int32_t>(16, 0), 64, 64, 1, 40);
+  for (Scheduler s : kAll) {
+    const std::vector<bf16> got = run_path(p, &s);
+    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << name_of(s);
+  }
+}
+
+TEST_F(PersistentGpu, BadArgumentsWriteNothing) {
+  const Problem p = random_problem({5, 0, 7}, 32, 64, 3);
+  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
+  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
+  kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
+  expect_invalid_argument(
+      [&] {
+        kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                          workspace.size(), {Scheduler::stream_k, 0});
+      },
+      "options.group_m (0) must be >= 1");
+  expect_invalid_argument(
+      [&] {
+        kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                          workspace.size() - 256);
+      },
+      "must be >= ");
+  expect_invalid_argument(
+      [&] {
+        kc::ch06::grouped_gemm_persistent({p.shape.m_total, p.shape.n, 12, 3}, a.data(), w.data(), c.data(),
+                                          offsets.data(), workspace.data(), workspace.size());
+      },
+      "shape.k (12) must be a multiple of 8");
+  kc::check(cudaDeviceSynchronize());
+  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(c.to_host()), kc::test::kPoisonByte), c.size());
+}
+
+// Every scheduler neither allocates nor synchronises, and repeats bit for bit (Stream-K included:
+// its fix-up adds the partials in a fixed order whoever arrives last).
+TEST_F(PersistentGpu, GraphCapturableAndBitwiseRepeatable) {
+  const Problem p = random_problem({130, 0, 1, 257, 64, 384, 384}, 1000, 520, kc::test::test_seed());
+  kc::DeviceBuffer<bf16> a(p.a), w(p.w), c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
+  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
+  for (Scheduler s : kAll) {
+    SCOPED_TRACE(name_of(s));
+    const PersistentOptions options{s, kc::ch05::kDefaultGroupM, 100};
+    // The first call on a device sets the attributes and queries occupancy: outside the capture.
+    kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                      workspace.size(), options);
+    kc::check(cudaDeviceSynchronize());
+    const kc::test::LaunchUnderTest run{[&](cudaStream_t stream) {
+                                          kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(),
+                                                                            offsets.data(), workspace.data(),
+                                                                            workspace.size(), options, stream);
+                                        },
+                                        [&] { c.fill_bytes(kc::test::kPoisonByte); },
+                                        [&] {
+                                          const std::vector<bf16> h = c.to_host();
+                                          const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
+                                          return std::vector<unsigned char>(bytes, bytes + h.size() * sizeof(bf16));
+                                        }};
+    kc::test::expect_graph_capturable(run);
+    kc::test::expect_bitwise_repeatable(run, 5);
+  }
+}
+
+}  // namespace
