@@ -1,14 +1,13 @@
 // Chapter 2's bf16 GEMM on tensor cores: the kernel launches one block per tile of C and hands it
 // to gemm_bf16_block (gemm_bf16_block.cuh, where the tile's mma.sync pipeline is explained); this
 // file picks the tile, validates, and launches.
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "gemm_bf16.hpp"
 #include "gemm_bf16_block.cuh"
 #include "gemm_bf16_epilogue.hpp"
 #include "kc/check.hpp"
+#include "kc/device_info.hpp"
 
 namespace kc::ch02 {
 
@@ -70,29 +69,23 @@ void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
 // seen; afterwards only reads the cache (no CUDA call but cudaGetDevice), so captured launches
 // stay cheap and legal.
 DeviceLimits current_device_limits() {
-  static std::mutex mutex;
-  static std::map<int, DeviceLimits> cache;
-  int device = 0;
-  check(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto found = cache.find(device); found != cache.end()) return found->second;
-
-  DeviceLimits limits;
-  int optin = 0;
-  check(cudaDeviceGetAttribute(&limits.sm_count, cudaDevAttrMultiProcessorCount, device));
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  limits.smem_per_block_optin = static_cast<std::size_t>(optin);
-  allow_dynamic_shared_memory<LargeTile4>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<LargeTile3>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<MediumTile4>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<SmallTile>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<NarrowTile>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<LargeEarlyTile4>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<LargeEarlyTile3>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<MediumTwoBlocksTile>(limits.smem_per_block_optin);
-  cache.emplace(device, limits);
-  return limits;
+  return cached_per_device([](int device) {
+    DeviceLimits limits;
+    int optin = 0;
+    check(cudaDeviceGetAttribute(&limits.sm_count, cudaDevAttrMultiProcessorCount, device));
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    limits.smem_per_block_optin = static_cast<std::size_t>(optin);
+    allow_dynamic_shared_memory<LargeTile4>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<LargeTile3>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<MediumTile4>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<SmallTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<NarrowTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<LargeEarlyTile4>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<LargeEarlyTile3>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<MediumTwoBlocksTile>(limits.smem_per_block_optin);
+    return limits;
+  });
 }
 
 template <class Cfg, class Epilogue>

@@ -12,12 +12,11 @@
 //                  split tiles go through fp32 partials and a fixed-order fix-up (below).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "gemm_bf16_block.cuh"
 #include "kc/check.hpp"
+#include "kc/device_info.hpp"
 #include "persistent_gemm.hpp"
 #include "schedule.hpp"
 #include "tile_map.hpp"
@@ -223,29 +222,24 @@ void prepare_kernels(DeviceLimits& limits) {
 // Queried once per device; later calls only read the cache (no attribute or occupancy calls
 // inside a capture).
 DeviceLimits current_device_limits() {
-  static std::mutex mutex;
-  static std::map<int, DeviceLimits> cache;
-  int device = 0;
-  check(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto found = cache.find(device); found != cache.end()) return found->second;
-  DeviceLimits limits;
-  int optin = 0;
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  check(cudaDeviceGetAttribute(&limits.sms, cudaDevAttrMultiProcessorCount, device));
-  limits.smem_per_block_optin = static_cast<std::size_t>(optin);
-  if (static_cast<std::size_t>(MediumTile4::smem_bytes) <= limits.smem_per_block_optin) {
-    limits.medium4 = true;
-    prepare_kernels<MediumTile4>(limits);
-  } else if (static_cast<std::size_t>(MediumTile3::smem_bytes) <= limits.smem_per_block_optin) {
-    prepare_kernels<MediumTile3>(limits);
-  } else {
-    throw InvalidArgument("this GPU allows " + std::to_string(limits.smem_per_block_optin) +
-                          " bytes of shared memory per block; the 128 x 128 tile needs " +
-                          std::to_string(MediumTile3::smem_bytes));
-  }
-  cache.emplace(device, limits);
-  return limits;
+  return cached_per_device([](int device) {
+    DeviceLimits limits;
+    int optin = 0;
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    check(cudaDeviceGetAttribute(&limits.sms, cudaDevAttrMultiProcessorCount, device));
+    limits.smem_per_block_optin = static_cast<std::size_t>(optin);
+    if (static_cast<std::size_t>(MediumTile4::smem_bytes) <= limits.smem_per_block_optin) {
+      limits.medium4 = true;
+      prepare_kernels<MediumTile4>(limits);
+    } else if (static_cast<std::size_t>(MediumTile3::smem_bytes) <= limits.smem_per_block_optin) {
+      prepare_kernels<MediumTile3>(limits);
+    } else {
+      throw InvalidArgument("this GPU allows " + std::to_string(limits.smem_per_block_optin) +
+                            " bytes of shared memory per block; the 128 x 128 tile needs " +
+                            std::to_string(MediumTile3::smem_bytes));
+    }
+    return limits;
+  });
 }
 
 template <class Cfg>

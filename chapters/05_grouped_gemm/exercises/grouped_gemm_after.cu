@@ -15,13 +15,12 @@
 // captured in a CUDA graph. The bound costs surplus blocks that exit at once (at most E · (BM-1) /
 // BM m-tiles' worth: 254 × 32 blocks for 256 experts of 128 rows, a few µs against milliseconds).
 // Chapter 6 removes them with a persistent grid that loops over tiles.
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "gemm_bf16_block.cuh"
 #include "grouped_gemm.hpp"
 #include "kc/check.hpp"
+#include "kc/device_info.hpp"
 #include "scan.cuh"
 #include "tile_map.hpp"
 
@@ -93,20 +92,15 @@ void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
 
 // Queried once per device; later calls only read the cache (no attribute calls inside a capture).
 DeviceLimits current_device_limits() {
-  static std::mutex mutex;
-  static std::map<int, DeviceLimits> cache;
-  int device = 0;
-  check(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto found = cache.find(device); found != cache.end()) return found->second;
-  DeviceLimits limits;
-  int optin = 0;
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  limits.smem_per_block_optin = static_cast<std::size_t>(optin);
-  allow_dynamic_shared_memory<MediumTile4>(limits.smem_per_block_optin);
-  allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
-  cache.emplace(device, limits);
-  return limits;
+  return cached_per_device([](int device) {
+    DeviceLimits limits;
+    int optin = 0;
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    limits.smem_per_block_optin = static_cast<std::size_t>(optin);
+    allow_dynamic_shared_memory<MediumTile4>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
+    return limits;
+  });
 }
 
 template <class Cfg>

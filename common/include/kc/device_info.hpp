@@ -2,9 +2,15 @@
 /// @brief What the GPU offers: SMs, L2, shared memory, clocks; and whether there is a usable GPU at all.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+
+#include "kc/check.hpp"
 
 namespace kc {
 
@@ -38,5 +44,22 @@ std::optional<std::string> no_gpu_reason(int min_major = 8, int min_minor = 0);
 
 /// Queries @p device (default: the current device). Throws kc::CudaError on failure.
 DeviceInfo query_device(int device = -1);
+
+/// Calls @p make with the current device's ordinal the first time this call site sees that device
+/// and returns the cached result on every later call: one cudaGetDevice and a lookup. Launch paths
+/// use it for per-device setup (kernel attributes, occupancy queries) that must not run inside a
+/// CUDA graph capture: the first, uncaptured call does the work. Thread-safe; each call site (each
+/// @p Make type, e.g. a lambda) has its own cache.
+template <class Make>
+auto cached_per_device(Make make) -> decltype(make(0)) {
+  using Value = decltype(make(0));
+  static std::mutex mutex;
+  static std::map<int, Value> cache;
+  int device = 0;
+  check(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = cache.find(device); found != cache.end()) return found->second;
+  return cache.emplace(device, make(device)).first->second;
+}
 
 }  // namespace kc
