@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "grouped_gemm.hpp"
+#include "grouped_gemm_problems.hpp"
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
@@ -32,34 +33,18 @@
 
 namespace {
 
+using kc::test::grouped::expect_matches_fp64;
+using kc::test::grouped::HostBuffer;
+using kc::test::grouped::kTolerance;
+using kc::test::grouped::Problem;
+using kc::test::grouped::random_problem;
+using kc::test::grouped::random_sizes;
+
 using bf16 = __nv_bfloat16;
 using kc::ch05::GroupedGemmOptions;
 using kc::ch05::GroupedGemmShape;
 using kc::ch05::TileOrder;
 using kc::test::expect_invalid_argument;
-
-constexpr double kTolerance = 1e-2;  // see the top of the file
-
-struct alignas(16) HostBuffer {
-  bf16 data[512];
-};
-
-// Group sizes of the kinds the issue asks for: zeros, ones, skewed, uniform, all in one expert.
-std::vector<std::int32_t> random_sizes(std::mt19937_64& rng, int experts, int max_rows) {
-  std::vector<std::int32_t> sizes(static_cast<std::size_t>(experts));
-  const int kind = static_cast<int>(rng() % 5);
-  for (int e = 0; e < experts; ++e) {
-    const auto r = static_cast<int>(rng() % static_cast<std::uint64_t>(max_rows + 1));
-    switch (kind) {
-      case 0: sizes[e] = r; break;                                                    // uniform random, zeros included
-      case 1: sizes[e] = static_cast<int>(rng() % 3); break;                          // zeros and ones (and twos)
-      case 2: sizes[e] = e % 3 == 0 ? 0 : r; break;                                   // a third empty
-      case 3: sizes[e] = e == 0 ? max_rows * 4 : static_cast<int>(rng() % 2); break;  // one hot expert
-      default: sizes[e] = static_cast<int>(max_rows / (e + 1)); break;                // Zipf-like skew
-    }
-  }
-  return sizes;
-}
 
 // ---------------------------------------------------------------- CPU: tile map
 
@@ -409,51 +394,6 @@ TEST(GroupedPrediction, CountsAndBounds) {
 }
 
 // ---------------------------------------------------------------- GPU
-
-struct Problem {
-  GroupedGemmShape shape;
-  std::vector<std::int32_t> offsets;
-  std::vector<bf16> a, w;
-};
-
-Problem random_problem(const std::vector<std::int32_t>& sizes, std::int64_t n, std::int64_t k, std::uint64_t seed,
-                       std::int64_t extra_rows = 0) {
-  Problem p;
-  p.offsets = kc::ch05::offsets_of_sizes(sizes);
-  p.shape = {p.offsets.back() + extra_rows, n, k, static_cast<int>(sizes.size())};
-  p.a.resize(static_cast<std::size_t>(p.shape.m_total * k));
-  p.w.resize(static_cast<std::size_t>(sizes.size() * n * k));
-  kc::fill_uniform(std::span<bf16>(p.a), seed);
-  kc::fill_uniform(std::span<bf16>(p.w), seed + 1);
-  return p;
-}
-
-std::vector<double> widen(const std::vector<bf16>& v) { return kc::ref::widen(std::span<const bf16>(v)); }
-
-// Sampled fp64 check: every row's first and last columns, plus random elements. Rows of no expert
-// must still hold the poison.
-void expect_matches_fp64(const Problem& p, const std::vector<bf16>& got, std::uint64_t seed) {
-  const std::vector<double> a = widen(p.a), w = widen(p.w);
-  std::vector<bf16> sampled;
-  std::vector<double> want;
-  std::mt19937_64 rng(seed);
-  const std::int64_t rows = p.offsets.back(), n = p.shape.n;
-  auto sample = [&](std::int64_t r, std::int64_t col) {
-    sampled.push_back(got[static_cast<std::size_t>(r * n + col)]);
-    want.push_back(kc::ch05::grouped_gemm_reference_element(a, w, p.offsets, n, p.shape.k, r, col));
-  };
-  for (std::int64_t r = 0; r < rows; ++r) {
-    sample(r, 0);
-    sample(r, n - 1);
-  }
-  for (int i = 0; i < 4000 && rows > 0; ++i) {
-    sample(static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(rows)),
-           static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(n)));
-  }
-  kc::test::expect_close(kc::compare<bf16>(sampled, want, kc::test::kPoisonByte), kTolerance, "vs fp64 (sampled)");
-  const std::span<const bf16> beyond(got.data() + rows * n, static_cast<std::size_t>((p.shape.m_total - rows) * n));
-  EXPECT_EQ(kc::count_poisoned(beyond, kc::test::kPoisonByte), beyond.size()) << "wrote rows of no expert";
-}
 
 enum class Path { loop, one_launch_row_major, one_launch_grouped, cublas_loop, cublas_grouped };
 
