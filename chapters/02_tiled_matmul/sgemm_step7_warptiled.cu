@@ -16,9 +16,10 @@
 //   3. A's transposed tile has 4 floats of padding per row (BM + 4): the transposing stores spread
 //      over the banks (conflict-free at BK = 8, 2-way at BK = 16; without it 2- and 4-way). 4, not
 //      1, keeps every row 16-byte aligned for the float4 reads.
-//   4. The 16-byte and the scalar global loads are two instantiations of the kernel, picked at
+//   4. The 16-byte and the scalar global loads are instantiations of the kernel, picked at
 //      launch, not a branch per load: the scalar code cost registers that the 16-byte kernel
 //      needs (with both in one kernel, ptxas spilled at the 128-register cap of the 8 x 8 tiling).
+//      A third drops the masks when the tile divides M, N and K (see Loads below).
 //   5. Tuning: Warptile (sgemm_steps.cuh) lists the configurations instantiated here. The default,
 //      k128x128x16_w64x64, has a 128 x 128 block tile of 4 warps of 64 x 64, 16 x 8 outputs per
 //      lane and BK = 16. A lane issues 128 FMAs per 6 float4 reads at each p (8 x 8: 64 per 4),
@@ -45,9 +46,17 @@ namespace kc::ch02::detail {
 
 namespace {
 
+// How a thread loads its float4s of A and B (picked per launch, see launch() below):
+//   scalar: element by element, each masked (any shape, any alignment);
+//   vector: 16-byte loads, masked per float4 (rows a multiple of 4 floats, 16-byte aligned);
+//   exact:  16-byte loads, no masks at all, when M, N and K are multiples of the tile: every tile
+//           is an interior one. The masks cost 16 register zeroings and 8 compares per K step of
+//           2,048 FMAs in the vector loop (SASS): about 1 % of its issue slots.
+enum class Loads { scalar, vector, exact };
+
 // BM x BN block tile, BK step along K, WM x WN warp tile; kMinBlocks per SM for
-// __launch_bounds__; kVectorLoads: A and B allow float4 loads (see sgemm_step7_warptiled()).
-template <int BM, int BN, int BK, int WM, int WN, int kMinBlocks, bool kVectorLoads>
+// __launch_bounds__; kLoads: see above.
+template <int BM, int BN, int BK, int WM, int WN, int kMinBlocks, Loads kLoads>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kMinBlocks)
     sgemm_warptiled(const float* a, const float* b, float* c, std::int64_t m, std::int64_t n, std::int64_t k,
                     bool c_aligned) {
@@ -92,7 +101,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kMinBlocks)
   float4 a_next[kALoads], b_next[kBLoads];
 
   auto load_float4 = [](const float* src, int valid) {
-    if constexpr (kVectorLoads) {
+    if constexpr (kLoads == Loads::exact) {
+      static_cast<void>(valid);
+      return *reinterpret_cast<const float4*>(src);
+    } else if constexpr (kLoads == Loads::vector) {
       return load_float4_or_zeros(src, valid);
     } else {
       return load_float4_elementwise(src, valid);
@@ -195,12 +207,16 @@ void launch(const float* a, const float* b, float* c, const GemmShape& shape, cu
   const bool vector_loads = shape.k % 4 == 0 && shape.n % 4 == 0 && aligned_16(a) && aligned_16(b);
   const bool c_aligned = shape.n % 4 == 0 && aligned_16(c);
   constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
+  const bool exact = vector_loads && shape.m % BM == 0 && shape.n % BN == 0 && shape.k % BK == 0;
   const unsigned blocks = tile_grid(shape, BM, BN);
-  if (vector_loads) {
-    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, true>
+  if (exact) {
+    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, Loads::exact>
+        <<<blocks, kThreads, 0, stream>>>(a, b, c, shape.m, shape.n, shape.k, c_aligned);
+  } else if (vector_loads) {
+    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, Loads::vector>
         <<<blocks, kThreads, 0, stream>>>(a, b, c, shape.m, shape.n, shape.k, c_aligned);
   } else {
-    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, false>
+    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, Loads::scalar>
         <<<blocks, kThreads, 0, stream>>>(a, b, c, shape.m, shape.n, shape.k, c_aligned);
   }
 }
