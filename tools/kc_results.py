@@ -30,7 +30,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CHAPTERS_JSON = os.path.join(TOOLS_DIR, "chapters.json")
@@ -1045,9 +1045,22 @@ def figure_text(results: Optional[ChapterResults], chapter: Chapter, name: str) 
     return ", ".join(parts)
 
 
-def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter) -> str:
-    """Replaces the content of every inline figure marker in ``text``."""
-    return _FIGURE_RE.sub(lambda mt: mt.group(1) + figure_text(results, chapter, mt.group(2)) + mt.group(4), text)
+def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
+                 others: Optional[Callable[[str], Tuple[Optional[ChapterResults], Optional[Chapter]]]] = None) -> str:
+    """Replaces the content of every inline figure marker in ``text``. A marker names its chapter
+    (``chNN/variant/case``): figures of ``chapter`` come from ``results``, figures of another
+    chapter (a lesson quoting an earlier one) from ``others(chapter_id)`` when given."""
+    def replace(mt: "re.Match[str]") -> str:
+        name = mt.group(2)
+        figure_chapter = name.split("/", 1)[0]
+        if figure_chapter == chapter.id or others is None:
+            return mt.group(1) + figure_text(results, chapter, name) + mt.group(4)
+        other_results, other_chapter = others(figure_chapter)
+        if other_chapter is None:
+            raise ResultsError("kc:fig %s: %s is not in tools/chapters.json" % (name, figure_chapter))
+        return mt.group(1) + figure_text(other_results, other_chapter, name) + mt.group(4)
+
+    return _FIGURE_RE.sub(replace, text)
 
 
 def lesson_updates(results_dir: str, readme_path: str, chapters: Sequence[Chapter]) -> Dict[str, Tuple[str, str]]:
@@ -1064,7 +1077,12 @@ def lesson_updates(results_dir: str, readme_path: str, chapters: Sequence[Chapte
             block = render_lesson_block(results_dir, path, chapter)
             expected = replace_marked_block(expected, block, lesson_begin_marker(chapter.id), LESSON_END)
         if _FIGURE_RE.search(expected):
-            expected = fill_figures(expected, load_chapter_results(results_dir, chapter.id), chapter)
+            index = _chapter_index(chapters)
+
+            def others(chapter_id: str) -> Tuple[Optional[ChapterResults], Optional[Chapter]]:
+                return load_chapter_results(results_dir, chapter_id), index.get(chapter_id)
+
+            expected = fill_figures(expected, load_chapter_results(results_dir, chapter.id), chapter, others)
         if expected != current or lesson_begin_marker(chapter.id) in current:
             updates[path] = (current, expected)
     return updates

@@ -517,6 +517,25 @@ class ChapterMapTest(unittest.TestCase):
         self.assertIn("typed by hand", out)
 
 
+class CrossChapterFigureTest(unittest.TestCase):
+    def test_a_lesson_quotes_an_earlier_chapter(self):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        shutil.copy(os.path.join(DATA_DIR, "gbench_1.8.json"), os.path.join(tmp, "ch01_bench.json"))
+        ch01 = kr.Chapter(id="ch01", dir="01_vector_add", title="Vector add")
+        ch05 = kr.Chapter(id="ch05", dir="05_grouped_gemm", title="Grouped GEMM", metric="flops")
+        ch01_results = kr.load_chapter_results(tmp, "ch01")
+        before = ch01_results.find("fp32_N1048576", "before")
+        text = ("own: <!-- kc:fig ch05/after/G8xM128_N64_K64 -->x<!-- /kc:fig -->; "
+                "quoted: <!-- kc:fig ch01/before/fp32_N1048576 -->x<!-- /kc:fig -->")
+        filled = kr.fill_figures(text, None, ch05, lambda cid: (kr.load_chapter_results(tmp, cid), ch01))
+        self.assertIn("own: <!-- kc:fig ch05/after/G8xM128_N64_K64 -->not yet measured<!-- /kc:fig -->", filled)
+        self.assertIn("quoted: <!-- kc:fig ch01/before/fp32_N1048576 -->%s, %s"
+                      % (kr.format_time(before.time_s), kr.format_bandwidth(before.bytes_per_second)), filled)
+        with self.assertRaises(kr.ResultsError):
+            kr.fill_figures(text, None, ch05, lambda cid: (None, None))
+
+
 class SummaryTest(unittest.TestCase):
     def test_summary_of_both_versions(self):
         status, out, _ = run_main(["summary", data("gbench_1.7.json"), data("gbench_1.8.json")])
