@@ -204,7 +204,8 @@ struct NoEpilogue {
 // thread applied bias, activation and residual to each of its 128 accumulators in the kernel's
 // last, fully unrolled loop. Correct, but the large tile's kernel grew from 2,560 to 18,048
 // instructions (a switch over five activations, inlined 256 times), and straight-line code that
-// runs once per tile comes from the instruction cache cold: the 4096^3 GEMM took twice as long.
+// runs once per tile comes from the instruction cache cold: the 4096^3 GEMM took about twice as
+// long (docs/notes/data/ch03_v1_9af0c3a.md).
 // So the accumulators go to shared memory (the pipeline's buffers are free by then) and a short
 // loop, the same few hundred instructions for every group of outputs, finishes them:
 //   1. every warp writes its fp32 accumulators into a row-major tile (rows padded by 8 floats so
@@ -550,7 +551,8 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   // The zero-filled copies need some valid address: the matrices' first elements, which live in
   // the kernel's parameter space. Passing a_block / w_block instead costs two 64-bit registers
   // each for the whole loop, and ptxas then recomputes the copies' addresses every slice: the
-  // small tile's loop grew from 157 to 169 instructions and its M = 16 GEMM slowed by ~25 %.
+  // small tile's loop grew from 157 to 169 instructions and its 128 x 4096 x 7168 GEMM slowed by
+  // ~25 % (docs/notes/data/ch02_tune_5762b76.json against ch02_tune_651cfa9.json).
   auto issue_copies = [&](int stage, int k_tile) {
     const std::uint32_t stage_base = smem_base + stage * Cfg::stage_bytes;
     a_copy.issue(stage_base, (k_tile_begin + k_tile) * kBlockK, k, a);
