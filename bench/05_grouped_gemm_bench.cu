@@ -31,7 +31,6 @@
 #include <functional>
 #include <memory>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -136,11 +135,9 @@ std::vector<Case> cases() {
 
 void register_benchmarks(const kc::DeviceInfo& device) {
   const std::vector<Case> all = cases();
-  for (const Case& a : all) {
-    for (const Case& b : all) {
-      if (&a != &b && b.label.starts_with(a.label)) throw std::logic_error(a.label + " is a prefix of " + b.label);
-    }
-  }
+  std::vector<std::string> labels;
+  for (const Case& cs : all) labels.push_back(cs.label);
+  kc::bench::check_case_labels(labels);
   const struct {
     const char* name;
     Variant v;

@@ -19,7 +19,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -100,11 +99,9 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
 
 void register_benchmarks(const kc::DeviceInfo& device) {
   const std::vector<BenchCase> all = kc::ch06::benchmark_cases();
-  for (const BenchCase& a : all) {
-    for (const BenchCase& b : all) {
-      if (&a != &b && b.label.starts_with(a.label)) throw std::logic_error(a.label + " is a prefix of " + b.label);
-    }
-  }
+  std::vector<std::string> labels;
+  for (const BenchCase& cs : all) labels.push_back(cs.label);
+  kc::bench::check_case_labels(labels);
   const struct {
     const char* name;
     Variant v;

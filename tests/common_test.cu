@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "kc/bench.hpp"
@@ -157,6 +158,17 @@ TEST(BenchHelpers, RotationSetsExceedTwiceL2) {
   EXPECT_EQ(kc::bench::rotation_sets(std::size_t{3} << 30, h200, std::size_t{8} << 30), 1u);
   EXPECT_EQ(kc::bench::rotation_sets(1u << 20, h200, 10u << 20), 10u) << "capped by the memory budget";
   EXPECT_EQ(kc::bench::rotation_sets(0, h200, 1), 1u);
+}
+
+TEST(BenchHelpers, CaseLabelsAreNeverPrefixes) {
+  EXPECT_NO_THROW(kc::bench::check_case_labels({"fp32_T1_E8_k2", "fp32_T16_E8_k2", "fp32_dsv3_T01"}));
+  EXPECT_NO_THROW(kc::bench::check_case_labels({}));
+  try {
+    kc::bench::check_case_labels({"fp32_dsv3_T16", "fp32_dsv3_T1"});
+    ADD_FAILURE() << "a prefix label was accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_STREQ(e.what(), "case label fp32_dsv3_T1 is a prefix of fp32_dsv3_T16");
+  }
 }
 
 TEST(BenchHelpers, BatchForBytes) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kc/check.hpp"
@@ -49,6 +51,14 @@ std::size_t rotation_sets(std::size_t bytes_per_set, const DeviceInfo& device, s
   const std::size_t wanted = (2 * device.l2_bytes + bytes_per_set - 1) / bytes_per_set;
   const std::size_t affordable = std::max<std::size_t>(1, max_total_bytes / bytes_per_set);
   return std::clamp<std::size_t>(wanted, 1, affordable);
+}
+
+void check_case_labels(const std::vector<std::string>& labels) {
+  for (const std::string& a : labels) {
+    for (const std::string& b : labels) {
+      if (&a != &b && b.starts_with(a)) throw std::logic_error("case label " + a + " is a prefix of " + b);
+    }
+  }
 }
 
 int batch_for_bytes(double bytes_per_launch) {

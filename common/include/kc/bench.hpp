@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "kc/device_info.hpp"
 #include "kc/timer.hpp"
@@ -66,6 +67,10 @@ std::size_t rotation_sets(std::size_t bytes_per_set, const DeviceInfo& device, s
 /// Launches per timed batch for a kernel that moves @p bytes_per_launch: enough launches that one
 /// batch moves about 256 MB (a few tens of microseconds or more on any GPU), between 1 and 1024.
 int batch_for_bytes(double bytes_per_launch);
+
+/// DESIGN.md's naming rule: no case label is a prefix of another (benchmark filters and the
+/// results tables match cases by prefix). Throws std::logic_error naming both labels otherwise.
+void check_case_labels(const std::vector<std::string>& labels);
 
 /// Evicts the L2 by writing a buffer twice its size. Call between timed regions, not inside them.
 class L2Flusher {
