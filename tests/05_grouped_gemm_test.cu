@@ -353,6 +353,14 @@ TEST(GroupedArguments, LaunchesRejectBeforeAnyCudaCall) {
         kc::ch05::permute_tokens({4, 2, 8, 8}, ids, w.data, out, workspace, 8);
       },
       "workspace_bytes (8) must be >= 256");
+  // T = 0: the per-token arrays are empty and may be null; counts and offsets are still written.
+  const kc::ch05::PermuteOutputs empty_out{offsets, offsets, nullptr, nullptr, nullptr};
+  EXPECT_NO_THROW(kc::ch05::validate_permute({0, 2, 8, 8}, nullptr, nullptr, empty_out));
+  expect_invalid_argument([&] { kc::ch05::validate_permute({1, 2, 8, 8}, nullptr, w.data, out); },
+                          "ids must not be null when shape.tokens > 0");
+  expect_invalid_argument(
+      [&] { kc::ch05::validate_permute({0, 2, 8, 8}, nullptr, nullptr, {nullptr, offsets, nullptr, nullptr, nullptr}); },
+      "out.counts must not be null");
   expect_invalid_argument([&] { kc::ch05::unpermute_combine(4, 2, 8, c.data, nullptr, offsets, a.data); },
                           "weights must not be null");
 }
@@ -475,8 +483,14 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
             kTolerance, "vs cuBLAS (all elements)");
       }
     }
-    // The loop and the one launch run the same block code on the same rows: bit-identical.
-    EXPECT_EQ(run_path(p, Path::loop, cublas), run_path(p, Path::one_launch_grouped, cublas));
+    // The loop and the one launch run the same block code on the same rows: bit-identical, poison
+    // included (rows past offsets[E] stay poisoned in both). Compared as bytes: the poison is a NaN
+    // pattern, and NaN == NaN is false for bf16's operator==.
+    const std::vector<bf16> looped = run_path(p, Path::loop, cublas);
+    const std::vector<bf16> launched = run_path(p, Path::one_launch_grouped, cublas);
+    ASSERT_EQ(looped.size(), launched.size());
+    EXPECT_EQ(std::memcmp(looped.data(), launched.data(), looped.size() * sizeof(bf16)), 0)
+        << "the loop and the one launch differ";
   }
 }
 

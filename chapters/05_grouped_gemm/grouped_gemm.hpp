@@ -144,7 +144,9 @@ struct PermuteOutputs {
 };
 
 /// Checks the permutation's rules (T·k <= 2^31 - 1, k in [1, 32], E in [1, kMaxExperts], K >= 1 a
-/// multiple of 8, pointers not null, x and a 16-byte aligned, a not overlapping x). Host-only.
+/// multiple of 8, counts and offsets never null, the other pointers not null when T > 0, x and a
+/// 16-byte aligned, a not overlapping x). T = 0 writes zero counts and offsets and nothing else.
+/// Host-only.
 void validate_permute(const PermuteShape& shape, const std::int32_t* ids, const __nv_bfloat16* x,
                       const PermuteOutputs& out);
 

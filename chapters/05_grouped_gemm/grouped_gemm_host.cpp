@@ -160,13 +160,16 @@ void validate_permute(const PermuteShape& shape, const std::int32_t* ids, const 
     throw InvalidArgument("shape.hidden (" + std::to_string(shape.hidden) +
                           ") must be a multiple of 8 (rows are copied 16 bytes at a time)");
   }
-  if (ids == nullptr) throw InvalidArgument("ids must not be null");
-  if (x == nullptr) throw InvalidArgument("x must not be null");
+  // counts and offsets are written even for T = 0 (all zeros); the per-token arrays are then empty,
+  // and an empty tensor's data pointer may be null (PyTorch's is), so they are checked only for T > 0.
   if (out.counts == nullptr) throw InvalidArgument("out.counts must not be null");
   if (out.offsets == nullptr) throw InvalidArgument("out.offsets must not be null");
-  if (out.row_of_pair == nullptr) throw InvalidArgument("out.row_of_pair must not be null");
-  if (out.token_of_row == nullptr) throw InvalidArgument("out.token_of_row must not be null");
-  if (out.a == nullptr) throw InvalidArgument("out.a must not be null");
+  if (shape.tokens == 0) return;
+  if (ids == nullptr) throw InvalidArgument("ids must not be null when shape.tokens > 0");
+  if (x == nullptr) throw InvalidArgument("x must not be null when shape.tokens > 0");
+  if (out.row_of_pair == nullptr) throw InvalidArgument("out.row_of_pair must not be null when shape.tokens > 0");
+  if (out.token_of_row == nullptr) throw InvalidArgument("out.token_of_row must not be null when shape.tokens > 0");
+  if (out.a == nullptr) throw InvalidArgument("out.a must not be null when shape.tokens > 0");
   if (!aligned_to(x, 16)) throw InvalidArgument("x must be 16-byte aligned");
   if (!aligned_to(out.a, 16)) throw InvalidArgument("out.a must be 16-byte aligned");
   const auto pairs = static_cast<std::uint64_t>(shape.tokens) * static_cast<std::uint64_t>(shape.k);
