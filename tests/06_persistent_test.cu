@@ -229,25 +229,36 @@ TEST(PersistentSchedule, StreamKRandomShapes) {
   }
 }
 
-// The goal cases' plans on 132 blocks with K = 7168 (112 slices): all tiles are Stream-K, each
-// block gets about 1.09 and 1.45 tiles' worth of slices, and no tile has more than 3 contributors.
+// The goal cases' plans on 132 blocks with K = 7168 (112 slices): one whole wave, then the last
+// wave's 12 and 60 tiles shared by all 132 blocks (11 and 51 slices each), with at most 11 and 3
+// contributors per tile.
 TEST(PersistentSchedule, StreamKPlansOfTheTailCases) {
-  for (int tiles : {144, 192}) {
-    const StreamKPlan p = kc::ch06::stream_k_plan(tiles, 112, 132, kc::ch06::kDefaultMaxTailPercent);
-    EXPECT_EQ(p.dp_tiles, 0);
-    EXPECT_EQ(p.sk_tiles, tiles);
+  struct Expect {
+    int tiles, sk_tiles, most_slices, most_contributors;
+  };
+  for (const Expect& e : {Expect{144, 12, 11, 11}, Expect{192, 60, 51, 3}}) {
+    const StreamKPlan p = kc::ch06::stream_k_plan(e.tiles, 112, 132, kc::ch06::kDefaultMaxTailPercent);
+    EXPECT_EQ(p.dp_tiles, 132);
+    EXPECT_EQ(p.sk_tiles, e.sk_tiles);
     EXPECT_EQ(p.sk_blocks, 132);
     std::int64_t most = 0;
     for (int b = 0; b < 132; ++b) most = std::max(most, kc::ch06::sk_begin(p, b + 1) - kc::ch06::sk_begin(p, b));
-    EXPECT_EQ(most, (static_cast<std::int64_t>(tiles) * 112 + 131) / 132);
-    for (int s = 0; s < tiles; ++s) {
-      EXPECT_LE(kc::ch06::last_contributor(p, s) - kc::ch06::first_contributor(p, s) + 1, 3);
+    EXPECT_EQ(most, e.most_slices);
+    int most_contributors = 0;
+    for (int s = 0; s < e.sk_tiles; ++s) {
+      most_contributors =
+          std::max(most_contributors, kc::ch06::last_contributor(p, s) - kc::ch06::first_contributor(p, s) + 1);
     }
+    EXPECT_EQ(most_contributors, e.most_contributors);
   }
-  // G256×128: 8192 tiles, 8 in the last wave: the last 140 tiles are Stream-K.
+  // Below one wave every tile is shared: 100 tiles of 112 slices on 132 blocks, 85 slices each.
+  const StreamKPlan small = kc::ch06::stream_k_plan(100, 112, 132, kc::ch06::kDefaultMaxTailPercent);
+  EXPECT_EQ(small.dp_tiles, 0);
+  EXPECT_EQ(small.sk_tiles, 100);
+  // G256×128: 8192 tiles, 8 in the last wave: only those 8 are Stream-K.
   const StreamKPlan big = kc::ch06::stream_k_plan(8192, 112, 132, kc::ch06::kDefaultMaxTailPercent);
-  EXPECT_EQ(big.sk_tiles, 140);
-  EXPECT_EQ(big.dp_tiles, 8052);
+  EXPECT_EQ(big.sk_tiles, 8);
+  EXPECT_EQ(big.dp_tiles, 8184);
   // A last wave fuller than the threshold, whole waves, or a single slice: no Stream-K.
   EXPECT_EQ(kc::ch06::stream_k_plan(132 + 125, 112, 132, 90).sk_tiles, 0);
   EXPECT_EQ(kc::ch06::stream_k_plan(264, 112, 132, 90).sk_tiles, 0);

@@ -111,7 +111,8 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 // level parallelism: each thread owns kGroupsPerThread groups of 4 outputs and fetches a batch of
 // them from one contributor's partial with independent loads before adding any. A loop of one group
 // at a time (load, add, store, next) waits a whole L2 round trip per group and contributor: 16 × 2–3
-// round trips of ~0.5 µs, several µs per split tile. Partials cover the whole tile (zeros past C),
+// round trips of ~0.5 µs, several µs per split tile. A tile of the Stream-K wave can have a dozen
+// contributors (12 × 64 KiB to read), so the loads must keep the SM's path to L2 full. Partials cover the whole tile (zeros past C),
 // so the loads need no masks; only the stores do.
 template <class Cfg>
 __device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_tile, const TilePlace& t) {
@@ -120,7 +121,9 @@ __device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_t
   constexpr int kGroups = kBlockM * kGroupsPerRow;
   static_assert(kGroups % Cfg::threads == 0, "every thread owns the same number of groups");
   constexpr int kGroupsPerThread = kGroups / Cfg::threads;
-  constexpr int kBatch = kGroupsPerThread < 8 ? kGroupsPerThread : 8;  // 8 float4 sums: 32 registers
+  // 16 float4 sums (64 registers) and 16 loads in flight per thread: 64 KiB per block per round trip,
+  // about what one SM's L2 bandwidth moves in one (the main loop's registers are free by now).
+  constexpr int kBatch = kGroupsPerThread < 16 ? kGroupsPerThread : 16;
   static_assert(kGroupsPerThread % kBatch == 0, "whole batches");
   for (int batch = 0; batch < kGroupsPerThread; batch += kBatch) {
     // __ldcg: from L2, never from this SM's L1, which may hold nothing of other blocks' writes.

@@ -11,16 +11,23 @@
 /// tiles − (waves − 1) · slots tiles. A *k-slice* (iteration) is one 64-wide step of the main loop;
 /// a tile has k_tiles = ceil(K / 64) of them.
 ///
-/// Stream-K with a data-parallel head (the "two-tile" hybrid of the Stream-K paper and CUTLASS):
+/// Stream-K with a data-parallel head ("data-parallel + one Stream-K wave"):
 ///
 ///     tiles  0 ...................... dp_tiles-1 | dp_tiles ............. tiles-1
-///            whole tiles, block b takes b,      | the last (remainder + one full wave) tiles,
-///            b + grid, b + 2·grid, ...          | their k-slices laid end to end and cut into
+///            whole tiles, block b takes b,      | the last wave's (remainder) tiles, their
+///            b + grid, b + 2·grid, ...          | k-slices laid end to end and cut into
 ///                                               | sk_blocks equal ranges, one per block
 ///
-///     e.g. 144 tiles, 132 blocks, 4 slices per tile (K = 256): dp_tiles = 0, sk_tiles = 144, 576
-///     slices, block b gets slices [b·576/132, (b+1)·576/132): 4 or 5 slices each, so most blocks
-///     finish one tile's end and start the next one's beginning.
+///     e.g. 192 tiles, 132 blocks, 112 slices per tile (K = 7168): dp_tiles = 132 (one whole
+///     wave), sk_tiles = 60, 6720 slices, block b gets slices [b·6720/132, (b+1)·6720/132): 50 or
+///     51 slices, so each Stream-K tile is shared by 3 or 4 consecutive blocks.
+///     Below one wave (tiles < grid) every tile is a Stream-K tile.
+///
+/// Why not the paper's "two-tile" hybrid (Stream-K over the last remainder + grid tiles, each block
+/// 1–2 tiles' worth)? Measured on the tail_G4 case (docs/notes/ch06.md): it spread all 192 tiles'
+/// slices over the blocks, so blocks sharing a W tile read it at k offsets ~50 slices apart, L2 lost
+/// the reuse (2.4 × the DRAM reads of Chapter 5's kernel) and it ran no faster than two waves. Here the
+/// whole tiles run in lockstep as in Chapter 5, and only the last wave's few tiles are split.
 ///
 /// A tile covered by one block's range is computed whole and stored directly. A tile split among
 /// blocks ("contributors", consecutive block ids, lowest id = lowest k) is stored by each
@@ -91,8 +98,8 @@ struct StreamKPlan {
 /// The plan for @p tiles tiles of @p k_tiles slices on @p grid blocks. No Stream-K (all tiles whole)
 /// when the tiles fill whole waves, when a tile has a single slice, or when the last wave is
 /// already more than @p max_tail_percent % full (the fix-up would cost more than the idle slots).
-/// Otherwise the Stream-K region is the last (remainder + grid) tiles, or all tiles when there is
-/// less than one wave: every Stream-K block gets between one and two tiles' worth of slices.
+/// Otherwise the Stream-K region is the last wave's tiles (the remainder), or all tiles when there
+/// is less than one wave: whole waves first, then every block shares the remainder's slices.
 __host__ __device__ constexpr StreamKPlan stream_k_plan(int tiles, int k_tiles, int grid, int max_tail_percent) {
   StreamKPlan p;
   p.tiles = tiles > 0 ? tiles : 0;
@@ -103,7 +110,7 @@ __host__ __device__ constexpr StreamKPlan stream_k_plan(int tiles, int k_tiles, 
   const int remainder = p.tiles % grid;
   if (remainder == 0) return p;
   if (static_cast<std::int64_t>(remainder) * 100 > static_cast<std::int64_t>(max_tail_percent) * grid) return p;
-  p.sk_tiles = p.tiles < grid ? p.tiles : remainder + grid;
+  p.sk_tiles = p.tiles < grid ? p.tiles : remainder;
   p.dp_tiles = p.tiles - p.sk_tiles;
   p.sk_iters = static_cast<std::int64_t>(p.sk_tiles) * k_tiles;
   p.sk_blocks = p.sk_iters < grid ? static_cast<int>(p.sk_iters) : grid;

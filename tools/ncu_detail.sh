@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Nsight Compute's detail sections for one benchmark case: where the warps stall, how the schedulers
+# issue, the instruction mix, occupancy and the launch, as ncu's own text report. For the question a
+# kc_profile.py line cannot answer ("the kernel is at 58 % issue efficiency: waiting on what?").
+#
+#   tools/ncu_detail.sh BENCH CASE KERNEL_REGEX OUT.txt
+#
+# Clocks are left as they are (--clock-control none), as for every profile in this repository; the
+# benchmark runs one repetition of CASE and ncu profiles the first kernel matching KERNEL_REGEX.
+set -euo pipefail
+if [ $# -ne 4 ]; then
+  echo "usage: $0 BENCH CASE KERNEL_REGEX OUT.txt" >&2
+  exit 2
+fi
+bench=$1 case=$2 kernel=$3 out=$4
+ncu=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+{
+  echo "# $case ($kernel): ncu detail sections, clocks as found"
+  "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+    --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis \
+    "$bench" "--benchmark_filter=^${case}(/|\$)" --benchmark_repetitions=1
+} >"$out" 2>&1
