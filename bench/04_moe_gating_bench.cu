@@ -12,7 +12,6 @@
 // moves (read + write) are the same number.
 // Inputs rotate over enough sets to exceed twice the L2; small cases are timed as batches.
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -127,12 +126,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     // "fp32_dsv3_T1" would be a prefix of "fp32_dsv3_T16": T = 1 is written T01 (it still sorts as 1).
     register_case(device, std::string("fp32_dsv3_T") + (t == 1 ? "01" : std::to_string(t)), d);
   }
-  // DESIGN.md: a case label is never a prefix of another (filters and tables match by prefix).
-  for (const std::string& a : labels) {
-    for (const std::string& b : labels) {
-      if (&a != &b && b.starts_with(a)) throw std::logic_error("case label " + a + " is a prefix of " + b);
-    }
-  }
+  kc::bench::check_case_labels(labels);  // DESIGN.md: no label is a prefix of another
 }
 
 }  // namespace
