@@ -356,10 +356,15 @@ TEST(GroupedArguments, LaunchesRejectBeforeAnyCudaCall) {
   // T = 0: the per-token arrays are empty and may be null; counts and offsets are still written.
   const kc::ch05::PermuteOutputs empty_out{offsets, offsets, nullptr, nullptr, nullptr};
   EXPECT_NO_THROW(kc::ch05::validate_permute({0, 2, 8, 8}, nullptr, nullptr, empty_out));
-  expect_invalid_argument([&] { kc::ch05::validate_permute({1, 2, 8, 8}, nullptr, w.data, out); },
-                          "ids must not be null when shape.tokens > 0");
   expect_invalid_argument(
-      [&] { kc::ch05::validate_permute({0, 2, 8, 8}, nullptr, nullptr, {nullptr, offsets, nullptr, nullptr, nullptr}); },
+      [&] {
+        kc::ch05::validate_permute({1, 2, 8, 8}, nullptr, w.data, out);
+      },
+      "ids must not be null when shape.tokens > 0");
+  expect_invalid_argument(
+      [&] {
+        kc::ch05::validate_permute({0, 2, 8, 8}, nullptr, nullptr, {nullptr, offsets, nullptr, nullptr, nullptr});
+      },
       "out.counts must not be null");
   expect_invalid_argument([&] { kc::ch05::unpermute_combine(4, 2, 8, c.data, nullptr, offsets, a.data); },
                           "weights must not be null");

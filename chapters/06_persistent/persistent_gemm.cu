@@ -111,9 +111,10 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 // level parallelism: each thread owns kGroupsPerThread groups of 4 outputs and fetches a batch of
 // them from one contributor's partial with independent loads before adding any. A loop of one group
 // at a time (load, add, store, next) waits a whole L2 round trip per group and contributor: 16 × 2–3
-// round trips of ~0.5 µs, several µs per split tile. A tile of the Stream-K wave can have a dozen
-// contributors (12 × 64 KiB to read), so the loads must keep the SM's path to L2 full. Partials cover the whole tile (zeros past C),
-// so the loads need no masks; only the stores do.
+// round trips of ~0.5 µs, several µs per split tile. A tile of the Stream-K wave can have up to
+// 11 contributors on the benchmark's cases (11 × 64 KiB to read), so the loads must keep the SM's
+// path to L2 full. Partials cover the whole tile (zeros past C), so the loads need no masks; only
+// the stores do.
 template <class Cfg>
 __device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_tile, const TilePlace& t) {
   const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
@@ -128,8 +129,8 @@ __device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_t
   for (int batch = 0; batch < kGroupsPerThread; batch += kBatch) {
     // __ldcg: from L2, never from this SM's L1, which may hold nothing of other blocks' writes.
     const auto partial_of = [&](int block) {
-      return reinterpret_cast<const float4*>(p.partials +
-                                             static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats) +
+      return reinterpret_cast<const float4*>(
+                 p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats) +
              batch * Cfg::threads + threadIdx.x;
     };
     float4 sum[kBatch];
