@@ -4,7 +4,8 @@
 // slots, tail_G3xM384_N2048_K7168 (144 tiles: 1.09 waves, the last one 9 % full) and
 // tail_G4xM384_N2048_K7168 (192 tiles: 1.45 waves, the last one 45 % full).
 // Variants: before (Chapter 5's one launch, grouped order), step1_persistent_static,
-// step2_persistent_dynamic, after (persistent + Stream-K), vendor_cublas_loop and
+// step2_persistent_dynamic, step3_split_k_tail (the last wave's tiles cut into equal K pieces,
+// one per block), after (persistent + Stream-K), vendor_cublas_loop and
 // vendor_cublas_grouped (Chapter 5's vendor functions). pytorch (torch._grouped_mm) comes from
 // tools/pytorch_baselines.py.
 //
@@ -36,7 +37,15 @@ using kc::ch06::BenchCase;
 using kc::ch06::GroupedGemmShape;
 using kc::ch06::Scheduler;
 
-enum class Variant { before, persistent_static, persistent_dynamic, stream_k, cublas_loop, cublas_grouped };
+enum class Variant {
+  before,
+  persistent_static,
+  persistent_dynamic,
+  split_k_tail,
+  stream_k,
+  cublas_loop,
+  cublas_grouped
+};
 
 void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
@@ -71,6 +80,7 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
         break;
       case Variant::persistent_static: persistent(Scheduler::static_round_robin); break;
       case Variant::persistent_dynamic: persistent(Scheduler::dynamic_atomic); break;
+      case Variant::split_k_tail: persistent(Scheduler::split_k_tail); break;
       case Variant::stream_k: persistent(Scheduler::stream_k); break;
       case Variant::cublas_loop:
         kc::ch05::cublas_grouped_loop(cublas, s, a.data(), w.data(), c.data(), host_offsets, stream);
@@ -108,6 +118,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
   } variants[] = {{"before", Variant::before},
                   {"step1_persistent_static", Variant::persistent_static},
                   {"step2_persistent_dynamic", Variant::persistent_dynamic},
+                  {"step3_split_k_tail", Variant::split_k_tail},
                   {"after", Variant::stream_k},
                   {"vendor_cublas_loop", Variant::cublas_loop},
                   {"vendor_cublas_grouped", Variant::cublas_grouped}};

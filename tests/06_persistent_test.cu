@@ -147,10 +147,13 @@ TEST(PersistentSchedule, DynamicCoversEveryTileOnceInAnyOrder) {
 // Stream-K: every (tile, k-slice) exactly once; units in whole slices inside [0, k_tiles); whole
 // tiles only where no other block touches the tile; split tiles' contributors are exactly the
 // blocks that hold a part, consecutive, in k order, each with its own partial slot.
-void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent) {
-  const StreamKPlan p = kc::ch06::stream_k_plan(tiles, k_tiles, grid, max_tail_percent);
+// Both plans (Stream-K and the split-K tail) go through the same checks; the split-K plan must
+// also give every block at most one unit.
+void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent, bool split_k = false) {
+  const StreamKPlan p = split_k ? kc::ch06::split_k_tail_plan(tiles, k_tiles, grid, max_tail_percent)
+                                : kc::ch06::stream_k_plan(tiles, k_tiles, grid, max_tail_percent);
   SCOPED_TRACE("tiles " + std::to_string(tiles) + " k_tiles " + std::to_string(k_tiles) + " grid " +
-               std::to_string(grid) + " tail% " + std::to_string(max_tail_percent));
+               std::to_string(grid) + " tail% " + std::to_string(max_tail_percent) + (split_k ? " split-K" : ""));
   ASSERT_EQ(p.dp_tiles + p.sk_tiles, tiles);
   ASSERT_LT(p.sk_tiles, kc::ch06::arrival_counters(grid) + 1);
   const auto w = kc::ch06::waves_of(tiles, grid);
@@ -186,6 +189,7 @@ void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent) {
       }
     }
     ASSERT_LE(split_units, 2);
+    if (split_k) ASSERT_LE(units - kc::ch06::static_tile_count(p.dp_tiles, grid, b), 1) << "one tail unit a block";
   }
   for (int t = 0; t < tiles; ++t) {
     for (int s = 0; s < k_tiles; ++s) ASSERT_EQ(slices[t][s], 1) << "tile " << t << " slice " << s;
@@ -215,7 +219,10 @@ TEST(PersistentSchedule, StreamKEverySliceExactlyOnce) {
   for (int tiles : {0, 1, 2, 12, 131, 132, 133, 144, 192, 263, 264, 265, 1000}) {
     for (int k_tiles : {1, 2, 3, 7, 32, 112}) {
       for (int grid : {1, 2, 5, 132, 264}) {
-        for (int tail : {0, 50, 90, 100}) check_stream_k(tiles, k_tiles, grid, tail);
+        for (int tail : {0, 50, 90, 100}) {
+          check_stream_k(tiles, k_tiles, grid, tail);
+          check_stream_k(tiles, k_tiles, grid, tail, true);
+        }
       }
     }
   }
@@ -225,7 +232,7 @@ TEST(PersistentSchedule, StreamKRandomShapes) {
   std::mt19937_64 rng(kc::test::test_seed());
   for (int trial = 0; trial < 300; ++trial) {
     check_stream_k(static_cast<int>(rng() % 3000), 1 + static_cast<int>(rng() % 130), 1 + static_cast<int>(rng() % 300),
-                   static_cast<int>(rng() % 101));
+                   static_cast<int>(rng() % 101), trial % 2 == 1);
   }
 }
 
@@ -263,6 +270,15 @@ TEST(PersistentSchedule, StreamKPlansOfTheTailCases) {
   EXPECT_EQ(kc::ch06::stream_k_plan(132 + 125, 112, 132, 90).sk_tiles, 0);
   EXPECT_EQ(kc::ch06::stream_k_plan(264, 112, 132, 90).sk_tiles, 0);
   EXPECT_EQ(kc::ch06::stream_k_plan(144, 1, 132, 90).sk_tiles, 0);
+  // The split-K tail: tail_G4's 60 tiles in 2 halves of 56 slices on 120 blocks (12 idle); tail_G3's
+  // 12 tiles in 11 pieces on all 132; more remainder tiles than half the grid: no split at all.
+  const StreamKPlan g4 = kc::ch06::split_k_tail_plan(192, 112, 132, kc::ch06::kDefaultMaxTailPercent);
+  EXPECT_EQ(g4.sk_blocks, 120);
+  EXPECT_EQ(kc::ch06::sk_begin(g4, 1) - kc::ch06::sk_begin(g4, 0), 56);
+  EXPECT_EQ(kc::ch06::split_k_tail_plan(144, 112, 132, kc::ch06::kDefaultMaxTailPercent).sk_blocks, 132);
+  const StreamKPlan unsplit = kc::ch06::split_k_tail_plan(132 + 100, 112, 132, kc::ch06::kDefaultMaxTailPercent);
+  EXPECT_EQ(unsplit.sk_blocks, 100);
+  for (int b = 0; b < 100; ++b) EXPECT_TRUE(kc::ch06::is_whole(unsplit, kc::ch06::unit_of_block(unsplit, b, 1)));
 }
 
 // ---------------------------------------------------------------- CPU: arguments
@@ -320,11 +336,16 @@ const char* name_of(Scheduler s) {
     case Scheduler::static_round_robin: return "static";
     case Scheduler::dynamic_atomic: return "dynamic";
     case Scheduler::stream_k: return "stream_k";
+    case Scheduler::split_k_tail: return "split_k_tail";
   }
   return "?";
 }
 
-constexpr Scheduler kAll[] = {Scheduler::static_round_robin, Scheduler::dynamic_atomic, Scheduler::stream_k};
+constexpr Scheduler kAll[] = {Scheduler::static_round_robin, Scheduler::dynamic_atomic, Scheduler::stream_k,
+                              Scheduler::split_k_tail};
+
+// The schedulers that split tiles along K (and so match Chapter 5 within rounding, not bitwise).
+bool splits_k(Scheduler s) { return s == Scheduler::stream_k || s == Scheduler::split_k_tail; }
 
 // Runs Chapter 5's kernel (scheduler == nullptr) or the persistent one into a poisoned, guarded C.
 std::vector<bf16> run_path(const Problem& p, const Scheduler* scheduler, std::size_t* guard_damage = nullptr,
@@ -366,13 +387,13 @@ TEST_F(PersistentGpu, EverySchedulerMatchesFp64AndChapter5) {
     const std::size_t rows_n = static_cast<std::size_t>(p.offsets.back() * n);
     for (Scheduler s : kAll) {
       for (int tail : {kc::ch06::kDefaultMaxTailPercent, 100}) {  // 100: Stream-K whenever there is a tail
-        if (s != Scheduler::stream_k && tail == 100) continue;
+        if (!splits_k(s) && tail == 100) continue;
         SCOPED_TRACE(std::string(name_of(s)) + " tail% " + std::to_string(tail));
         std::size_t damage = 0;
         const std::vector<bf16> got = run_path(p, &s, &damage, tail);
         EXPECT_EQ(damage, 0u) << "wrote past the end of c";
         expect_matches_fp64(p, got, seed);
-        if (s == Scheduler::stream_k) {
+        if (splits_k(s)) {
           kc::test::expect_close(
               kc::compare<bf16>(std::span<const bf16>(got).first(rows_n),
                                 std::span<const double>(chapter5_d).first(rows_n), kc::test::kPoisonByte),

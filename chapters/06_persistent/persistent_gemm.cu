@@ -8,7 +8,7 @@
 //      tile's copies overwrite the shared memory the last one read).
 //        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
 //        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
-//        stream_k: whole tiles round-robin, then this block's range of the last waves' k-slices;
+//        stream_k: whole tiles round-robin, then this block's range of the last wave's k-slices;
 //                  split tiles go through fp32 partials and a fixed-order fix-up (below).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
@@ -210,7 +210,9 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
     }
   } else {
     const int k_tiles = (p.k - 1) / ch02::block::kBlockK + 1;
-    const StreamKPlan plan = stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent);
+    const StreamKPlan plan = kScheduler == Scheduler::stream_k
+                                 ? stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent)
+                                 : split_k_tail_plan(tiles, k_tiles, grid, p.max_tail_percent);
     const int units = units_of_block(plan, block);
     for (int u = 0; u < units; ++u) {
       const WorkUnit unit = unit_of_block(plan, block, u);
@@ -229,8 +231,8 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
 struct DeviceLimits {
   std::size_t smem_per_block_optin = 0;
   int sms = 0;
-  bool medium4 = false;  // MediumTile4 fits (else MediumTile3)
-  int slots[3] = {};     // SMs × blocks per SM, per Scheduler
+  bool medium4 = false;         // MediumTile4 fits (else MediumTile3)
+  int slots[kSchedulers] = {};  // SMs × blocks per SM, per Scheduler
 };
 
 template <class Cfg, Scheduler kScheduler>
@@ -248,6 +250,7 @@ void prepare_kernels(DeviceLimits& limits) {
   limits.slots[0] = prepare_kernel<Cfg, Scheduler::static_round_robin>(limits.sms);
   limits.slots[1] = prepare_kernel<Cfg, Scheduler::dynamic_atomic>(limits.sms);
   limits.slots[2] = prepare_kernel<Cfg, Scheduler::stream_k>(limits.sms);
+  limits.slots[3] = prepare_kernel<Cfg, Scheduler::split_k_tail>(limits.sms);
 }
 
 // Queried once per device; later calls only read the cache (no attribute or occupancy calls
@@ -285,6 +288,9 @@ void launch_persistent(Scheduler scheduler, int grid, const Problem& p, cudaStre
     case Scheduler::stream_k:
       persistent_kernel<Cfg, Scheduler::stream_k><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
       break;
+    case Scheduler::split_k_tail:
+      persistent_kernel<Cfg, Scheduler::split_k_tail><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      break;
   }
 }
 
@@ -292,13 +298,16 @@ void launch_persistent(Scheduler scheduler, int grid, const Problem& p, cudaStre
 
 int persistent_slots(Scheduler scheduler) {
   const int index = static_cast<int>(scheduler);
-  if (index < 0 || index > 2) throw InvalidArgument("scheduler (" + std::to_string(index) + ") is not a Scheduler");
+  if (index < 0 || index >= kSchedulers) {
+    throw InvalidArgument("scheduler (" + std::to_string(index) + ") is not a Scheduler");
+  }
   return current_device_limits().slots[index];
 }
 
 std::size_t grouped_gemm_persistent_workspace_bytes(const GroupedGemmShape& shape) {
   int grid = 1;
-  for (Scheduler s : {Scheduler::static_round_robin, Scheduler::dynamic_atomic, Scheduler::stream_k}) {
+  for (Scheduler s :
+       {Scheduler::static_round_robin, Scheduler::dynamic_atomic, Scheduler::stream_k, Scheduler::split_k_tail}) {
     grid = std::max(grid, persistent_grid(shape, s));
   }
   return persistent_workspace_bytes(shape, grid);
@@ -314,7 +323,7 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
                              std::size_t workspace_bytes, const PersistentOptions& options, cudaStream_t stream) {
   ch05::validate_grouped_gemm(shape, a, w, c, offsets);
   const int index = static_cast<int>(options.scheduler);
-  if (index < 0 || index > 2) {
+  if (index < 0 || index >= kSchedulers) {
     throw InvalidArgument("options.scheduler (" + std::to_string(index) + ") is not a Scheduler");
   }
   const int grid = persistent_grid(shape, options.scheduler);

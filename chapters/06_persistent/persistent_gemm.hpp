@@ -36,8 +36,12 @@ using ch05::GroupedGemmShape;
 enum class Scheduler {
   static_round_robin,  ///< block b takes tiles b, b + grid, b + 2·grid, ... (grouped order)
   dynamic_atomic,      ///< block b takes tile b, then claims the next tile from an atomic counter
-  stream_k,            ///< round-robin whole tiles, then the last waves' tiles split along K (schedule.hpp)
+  stream_k,            ///< round-robin whole tiles, then the last wave's tiles split along K (schedule.hpp)
+  split_k_tail,        ///< as stream_k, but each last-wave tile cut into equal K pieces, one per block
 };
+
+/// The number of Scheduler values (for validation and per-scheduler tables).
+inline constexpr int kSchedulers = 4;
 
 /// The chapter's default for StreamK's tail threshold: no Stream-K when the last wave is fuller.
 inline constexpr int kDefaultMaxTailPercent = 90;
@@ -65,7 +69,7 @@ int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler);
 std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid);
 
 /// Workspace grouped_gemm_persistent() needs on the current device, for any scheduler (the largest
-/// grid of the three). Host-only.
+/// grid of the four). Host-only.
 std::size_t grouped_gemm_persistent_workspace_bytes(const GroupedGemmShape& shape);
 
 /// Checks what grouped_gemm_persistent() needs beyond Chapter 5's validate_grouped_gemm():

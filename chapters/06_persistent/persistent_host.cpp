@@ -37,7 +37,7 @@ void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloa
                                  const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
                                  int grid) {
   const int scheduler = static_cast<int>(options.scheduler);
-  if (scheduler < 0 || scheduler > 2) {
+  if (scheduler < 0 || scheduler >= kSchedulers) {
     throw InvalidArgument("options.scheduler (" + std::to_string(scheduler) + ") is not a Scheduler");
   }
   if (options.group_m < 1) {

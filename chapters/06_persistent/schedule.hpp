@@ -117,6 +117,25 @@ __host__ __device__ constexpr StreamKPlan stream_k_plan(int tiles, int k_tiles, 
   return p;
 }
 
+/// The split-K variant of the same plan (Chapter 6's step 3): the same whole waves and the same
+/// remainder tiles, but each remainder tile is cut into s = min(floor(grid / sk_tiles), k_tiles)
+/// equal K pieces, one per block, on s · sk_tiles blocks (the rest idle). With that many blocks the
+/// even split of plan.sk_iters lands exactly on tile boundaries (block s·t + j gets slices
+/// [t·k + floor(j·k / s), t·k + floor((j + 1)·k / s)) with k = k_tiles), so every block has a single
+/// unit: one pipeline fill, one partial, s contributors per tile. Stream-K instead uses every block
+/// and lets ranges straddle tiles: less idle time, up to two units per block. Which costs less is a
+/// measurement (the chapter's benchmark has both). s = 1 (more remainder tiles than half the grid)
+/// splits nothing: the remainder runs as whole tiles.
+__host__ __device__ constexpr StreamKPlan split_k_tail_plan(int tiles, int k_tiles, int grid, int max_tail_percent) {
+  StreamKPlan p = stream_k_plan(tiles, k_tiles, grid, max_tail_percent);
+  if (p.sk_tiles == 0) return p;
+  int pieces = grid / p.sk_tiles;
+  if (pieces > k_tiles) pieces = k_tiles;
+  if (pieces < 1) pieces = 1;
+  p.sk_blocks = pieces * p.sk_tiles;
+  return p;
+}
+
 /// First Stream-K slice of block @p block: block · sk_iters / sk_blocks (sk_iters for blocks
 /// without a range). Ranges are [sk_begin(b), sk_begin(b + 1)), each at least one slice long.
 __host__ __device__ constexpr std::int64_t sk_begin(const StreamKPlan& p, int block) {
