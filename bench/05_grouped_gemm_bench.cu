@@ -10,6 +10,7 @@
 //   Mixtral up (N = 28672, K = 4096, 235 MB of weights per expert): G8xM4096, the L2 lesson.
 // Variants: before (a host loop of Chapter 2's GEMM, 128 × 128 tile, one launch per non-empty
 // expert), step1_one_launch_rowmajor, after (one launch, grouped order, group_m 8),
+// step2_one_launch_wide_tile (the same with Chapter 2's 128 × 256 tile, where it fits),
 // vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx).
 // pytorch (torch._grouped_mm) comes from tools/pytorch_baselines.py.
 //
@@ -52,7 +53,7 @@ struct Case {
   std::vector<std::int32_t> sizes;
 };
 
-enum class Variant { before, one_launch_row_major, one_launch_grouped, cublas_loop, cublas_grouped };
+enum class Variant { before, one_launch_row_major, one_launch_grouped, one_launch_wide, cublas_loop, cublas_grouped };
 
 void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
@@ -78,10 +79,13 @@ void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
     switch (variant) {
       case Variant::before: kc::ch05::grouped_gemm_loop(s, a.data(), w.data(), c.data(), host_offsets, stream); break;
       case Variant::one_launch_row_major:
-      case Variant::one_launch_grouped: {
+      case Variant::one_launch_grouped:
+      case Variant::one_launch_wide: {
         const kc::ch05::GroupedGemmOptions options{
-            variant == Variant::one_launch_grouped ? kc::ch05::TileOrder::grouped : kc::ch05::TileOrder::row_major,
-            kc::ch05::kDefaultGroupM};
+            variant == Variant::one_launch_row_major ? kc::ch05::TileOrder::row_major : kc::ch05::TileOrder::grouped,
+            kc::ch05::kDefaultGroupM,
+            variant == Variant::one_launch_wide ? kc::ch05::GroupedTile::wide_128x256
+                                                : kc::ch05::GroupedTile::square_128x128};
         kc::ch05::grouped_gemm(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                                options, stream);
         break;
@@ -144,6 +148,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
   } variants[] = {{"before", Variant::before},
                   {"step1_one_launch_rowmajor", Variant::one_launch_row_major},
                   {"after", Variant::one_launch_grouped},
+                  {"step2_one_launch_wide_tile", Variant::one_launch_wide},
                   {"vendor_cublas_loop", Variant::cublas_loop},
                   {"vendor_cublas_grouped", Variant::cublas_grouped}};
   for (const Case& cs : all) {
@@ -153,6 +158,9 @@ void register_benchmarks(const kc::DeviceInfo& device) {
                                 static_cast<double>(cs.shape.m_total) * (cs.shape.k + cs.shape.n));
     if (bytes > 0.8 * static_cast<double>(device.global_mem_bytes)) continue;
     for (const auto& v : variants) {
+      if (v.v == Variant::one_launch_wide && !kc::ch05::grouped_tile_supported(kc::ch05::GroupedTile::wide_128x256)) {
+        continue;  // the 128 x 256 tile does not fit this GPU's shared memory
+      }
       const std::string name = "ch05/" + std::string(v.name) + "/" + cs.label;
       kc::bench::configure(benchmark::RegisterBenchmark(
           name.c_str(), [cs, variant = v.v](benchmark::State& st) { bench_case(st, cs, variant); }));

@@ -43,6 +43,7 @@ using kc::test::grouped::random_sizes;
 using bf16 = __nv_bfloat16;
 using kc::ch05::GroupedGemmOptions;
 using kc::ch05::GroupedGemmShape;
+using kc::ch05::GroupedTile;
 using kc::ch05::TileOrder;
 using kc::test::expect_invalid_argument;
 
@@ -293,6 +294,12 @@ TEST(GroupedArguments, Rules) {
         kc::ch05::validate_grouped_gemm_options(ok, c.data, {static_cast<TileOrder>(7), 8}, workspace, bytes);
       },
       "options.order (7) is not a TileOrder");
+  expect_invalid_argument(
+      [&] {
+        kc::ch05::validate_grouped_gemm_options(ok, c.data, {TileOrder::grouped, 8, static_cast<GroupedTile>(5)},
+                                                workspace, bytes);
+      },
+      "options.tile (5) is not a GroupedTile");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm_options(ok, c.data, {}, nullptr, bytes); },
                           "workspace must not be null");
   // Host offsets of the loop.
@@ -385,6 +392,8 @@ TEST(GroupedPrediction, CountsAndBounds) {
   EXPECT_DOUBLE_EQ(kc::ch05::grouped_gemm_min_bytes(g256, kc::ch05::offsets_of_sizes(holes)),
                    2.0 * (8256.0 * 7168 + 192.0 * 4096 * 7168 + 8256.0 * 4096));
   EXPECT_EQ(kc::ch05::grouped_gemm_grid_blocks(g256), (256 + 254) * 32);
+  EXPECT_EQ(kc::ch05::grouped_gemm_grid_blocks(g256, GroupedTile::wide_128x256), (256 + 254) * 16);
+  EXPECT_EQ(kc::ch05::grouped_gemm_grid_blocks({1, 257, 8, 1}, GroupedTile::wide_128x256), 2);
   EXPECT_DOUBLE_EQ(kc::ch05::reread_bytes_bound(128.0 * 1000, 128), 1000.0);
 
   // Mixtral up, 8 × 4096 rows on 132 SMs, one block each: row-major re-reads each expert's W once
@@ -408,13 +417,14 @@ TEST(GroupedPrediction, CountsAndBounds) {
 
 // ---------------------------------------------------------------- GPU
 
-enum class Path { loop, one_launch_row_major, one_launch_grouped, cublas_loop, cublas_grouped };
+enum class Path { loop, one_launch_row_major, one_launch_grouped, one_launch_wide, cublas_loop, cublas_grouped };
 
 const char* name_of(Path path) {
   switch (path) {
     case Path::loop: return "loop";
     case Path::one_launch_row_major: return "one_launch_row_major";
     case Path::one_launch_grouped: return "one_launch_grouped";
+    case Path::one_launch_wide: return "one_launch_wide";
     case Path::cublas_loop: return "cublas_loop";
     case Path::cublas_grouped: return "cublas_grouped";
   }
@@ -431,9 +441,11 @@ std::vector<bf16> run_path(const Problem& p, Path path, kc::ch02::CublasHandle& 
   switch (path) {
     case Path::loop: kc::ch05::grouped_gemm_loop(p.shape, a.data(), w.data(), c.data(), p.offsets); break;
     case Path::one_launch_row_major:
-    case Path::one_launch_grouped: {
-      const GroupedGemmOptions options{path == Path::one_launch_grouped ? TileOrder::grouped : TileOrder::row_major,
-                                       group_m};
+    case Path::one_launch_grouped:
+    case Path::one_launch_wide: {
+      const GroupedGemmOptions options{
+          path == Path::one_launch_row_major ? TileOrder::row_major : TileOrder::grouped, group_m,
+          path == Path::one_launch_wide ? GroupedTile::wide_128x256 : GroupedTile::square_128x128};
       kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                              options);
       break;
@@ -473,9 +485,11 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
     if (p.shape.m_total == 0) continue;
     const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
     const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
-    for (Path path : {Path::loop, Path::one_launch_row_major, Path::one_launch_grouped, Path::cublas_grouped}) {
+    for (Path path : {Path::loop, Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide,
+                      Path::cublas_grouped}) {
       for (int group_m : {1, 3, 8}) {
-        if (path != Path::one_launch_grouped && group_m != 8) continue;
+        if (path != Path::one_launch_grouped && path != Path::one_launch_wide && group_m != 8) continue;
+        if (path == Path::one_launch_wide && !kc::ch05::grouped_tile_supported(GroupedTile::wide_128x256)) continue;
         SCOPED_TRACE(std::string(name_of(path)) + " group_m=" + std::to_string(group_m));
         std::size_t damage = 0;
         const std::vector<bf16> got = run_path(p, path, cublas, group_m, &damage);
@@ -508,8 +522,9 @@ TEST_F(GroupedGemmGpu, LargeSkewedCase) {
   kc::ch02::CublasHandle cublas;
   const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
   const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
-  for (Path path : {Path::one_launch_row_major, Path::one_launch_grouped}) {
+  for (Path path : {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide}) {
     SCOPED_TRACE(name_of(path));
+    if (path == Path::one_launch_wide && !kc::ch05::grouped_tile_supported(GroupedTile::wide_128x256)) continue;
     const std::vector<bf16> got = run_path(p, path, cublas);
     expect_matches_fp64(p, got, 7);
     kc::test::expect_close(kc::compare<bf16>(got, reference_d, kc::test::kPoisonByte), kTolerance, "vs cuBLAS");
@@ -520,7 +535,8 @@ TEST_F(GroupedGemmGpu, LargeSkewedCase) {
 TEST_F(GroupedGemmGpu, AllExpertsEmpty) {
   const Problem p = random_problem(std::vector<std::int32_t>(16, 0), 64, 64, 1, 40);
   kc::ch02::CublasHandle cublas;
-  for (Path path : {Path::loop, Path::one_launch_grouped, Path::cublas_grouped}) {
+  for (Path path : {Path::loop, Path::one_launch_grouped, Path::one_launch_wide, Path::cublas_grouped}) {
+    if (path == Path::one_launch_wide && !kc::ch05::grouped_tile_supported(GroupedTile::wide_128x256)) continue;
     const std::vector<bf16> got = run_path(p, path, cublas);
     EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << name_of(path);
   }

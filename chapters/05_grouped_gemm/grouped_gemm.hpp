@@ -49,14 +49,25 @@ struct GroupedGemmShape {
   int experts = 0;           ///< E
 };
 
-/// How the one-launch kernel orders its tiles.
-struct GroupedGemmOptions {
-  TileOrder order = TileOrder::grouped;  ///< launch order of the tiles
-  int group_m = kDefaultGroupM;          ///< grouped order's band height in m-tiles, >= 1
+/// The block tile the one-launch kernel runs (Chapter 2's tiles).
+enum class GroupedTile {
+  square_128x128,  ///< Chapter 2's "medium" tile: 8 warps of 64 × 32, 128 KiB (96 KiB on 99 KiB parts)
+  wide_128x256,    ///< Chapter 2's "large" tile: 8 warps of 64 × 64, 192 KiB (144 KiB on sm_80); not on 99 KiB parts
 };
 
-/// The block tile of this chapter's kernels: Chapter 2's 128 × 128 "medium" tile (4 pipeline
-/// stages, or 3 on the 99 KiB parts). Rows per block tile:
+/// How the one-launch kernel orders its tiles, and which tile it runs.
+struct GroupedGemmOptions {
+  TileOrder order = TileOrder::grouped;            ///< launch order of the tiles
+  int group_m = kDefaultGroupM;                    ///< grouped order's band height in m-tiles, >= 1
+  GroupedTile tile = GroupedTile::square_128x128;  ///< block tile
+};
+
+/// Columns of C per block tile of @p tile (128 or 256; rows are always kBlockM).
+constexpr int block_n_of(GroupedTile tile) { return tile == GroupedTile::wide_128x256 ? 256 : 128; }
+
+/// The block tile of this chapter's kernels by default (GroupedTile::square_128x128), which the
+/// loop, the tile maps' lesson and Chapter 6 use: Chapter 2's 128 × 128 "medium" tile (4 pipeline
+/// stages, or 3 on the 99 KiB parts). Rows per block tile (for every GroupedTile):
 inline constexpr int kBlockM = 128;
 /// Columns per block tile.
 inline constexpr int kBlockN = 128;
@@ -67,8 +78,8 @@ void validate_grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a
                            const __nv_bfloat16* c, const std::int32_t* offsets);
 
 /// Checks what grouped_gemm() needs beyond validate_grouped_gemm(): options.order a TileOrder,
-/// options.group_m >= 1, and a workspace of at least grouped_gemm_workspace_bytes(shape) bytes,
-/// 4-byte aligned, not overlapping c. Host-only; throws kc::InvalidArgument.
+/// options.group_m >= 1, options.tile a GroupedTile, and a workspace of at least grouped_gemm_workspace_bytes(shape)
+/// bytes, 4-byte aligned, not overlapping c. Host-only; throws kc::InvalidArgument.
 void validate_grouped_gemm_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
                                    const GroupedGemmOptions& options, const void* workspace,
                                    std::size_t workspace_bytes);
@@ -77,9 +88,15 @@ void validate_grouped_gemm_options(const GroupedGemmShape& shape, const __nv_bfl
 /// Throws kc::InvalidArgument for a bad shape.experts.
 std::size_t grouped_gemm_workspace_bytes(const GroupedGemmShape& shape);
 
-/// Blocks the one-launch kernel starts: max_m_tiles(M_total, E, 128) × ceil(N / 128), an upper
-/// bound on the real tile count that needs no group size on the host. Host-only.
-std::int64_t grouped_gemm_grid_blocks(const GroupedGemmShape& shape);
+/// Blocks the one-launch kernel starts: max_m_tiles(M_total, E, 128) × ceil(N / block_n), an
+/// upper bound on the real tile count that needs no group size on the host (block_n from @p tile).
+/// Host-only.
+std::int64_t grouped_gemm_grid_blocks(const GroupedGemmShape& shape, GroupedTile tile = GroupedTile::square_128x128);
+
+/// True when @p tile fits the current device's shared memory per block (the square tile fits every
+/// GPU the course supports; the wide one needs sm_80 or sm_90). Host-only; the first call per
+/// device sets the kernels' attributes, so make it outside graph capture.
+bool grouped_tile_supported(GroupedTile tile);
 
 /// After: all experts in one launch (plus a tiny prefix kernel before it). The prefix kernel turns
 /// the device offsets into the m-tile prefix over experts (in @p workspace); the GEMM kernel's

@@ -86,6 +86,10 @@ void validate_grouped_gemm_options(const GroupedGemmShape& shape, const __nv_bfl
   if (options.group_m < 1) {
     throw InvalidArgument("options.group_m (" + std::to_string(options.group_m) + ") must be >= 1");
   }
+  const int tile = static_cast<int>(options.tile);
+  if (tile != static_cast<int>(GroupedTile::square_128x128) && tile != static_cast<int>(GroupedTile::wide_128x256)) {
+    throw InvalidArgument("options.tile (" + std::to_string(tile) + ") is not a GroupedTile");
+  }
   const std::size_t needed = grouped_gemm_workspace_bytes(shape);
   if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
   if (!aligned_to(workspace, 4)) throw InvalidArgument("workspace must be 4-byte aligned");
@@ -103,8 +107,9 @@ std::size_t grouped_gemm_workspace_bytes(const GroupedGemmShape& shape) {
   return round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
 }
 
-std::int64_t grouped_gemm_grid_blocks(const GroupedGemmShape& shape) {
-  return max_m_tiles(shape.m_total, shape.experts, kBlockM) * tiles_n_of(shape.n);
+std::int64_t grouped_gemm_grid_blocks(const GroupedGemmShape& shape, GroupedTile tile) {
+  const std::int64_t block_n = block_n_of(tile);
+  return max_m_tiles(shape.m_total, shape.experts, kBlockM) * ((shape.n + block_n - 1) / block_n);
 }
 
 void validate_host_offsets(const GroupedGemmShape& shape, std::span<const std::int32_t> host_offsets) {

@@ -28,12 +28,18 @@ namespace kc::ch05 {
 
 namespace {
 
+using ch02::block::LargeTile3;
+using ch02::block::LargeTile4;
 using ch02::block::MediumTile3;
 using ch02::block::MediumTile4;
 using ch02::block::NoEpilogue;
 
 static_assert(MediumTile4::block_m == kBlockM && MediumTile4::block_n == kBlockN, "the chapter's tile is 128 x 128");
 static_assert(MediumTile3::block_m == kBlockM && MediumTile3::block_n == kBlockN, "the chapter's tile is 128 x 128");
+static_assert(LargeTile4::block_m == kBlockM && LargeTile4::block_n == block_n_of(GroupedTile::wide_128x256),
+              "the wide tile is 128 x 256");
+static_assert(LargeTile3::block_m == kBlockM && LargeTile3::block_n == block_n_of(GroupedTile::wide_128x256),
+              "the wide tile is 128 x 256");
 
 // tile_prefix[0] = 0, tile_prefix[e + 1] = m-tiles of experts 0..e: tile_prefix_of() on the device.
 __global__ void __launch_bounds__(detail::kScanThreads)
@@ -99,6 +105,8 @@ DeviceLimits current_device_limits() {
     limits.smem_per_block_optin = static_cast<std::size_t>(optin);
     allow_dynamic_shared_memory<MediumTile4>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<LargeTile4>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<LargeTile3>(limits.smem_per_block_optin);
     return limits;
   });
 }
@@ -107,14 +115,39 @@ template <class Cfg>
 void launch_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                  const std::int32_t* offsets, const std::int32_t* tile_prefix, const GroupedGemmOptions& options,
                  bool paired, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(grouped_gemm_grid_blocks(shape));  // <= 2^31 - 1 (validated)
+  // <= the square tile's bound <= 2^31 - 1 (validated)
+  const auto blocks = static_cast<unsigned>(grouped_gemm_grid_blocks(shape, options.tile));
   const int tiles_n = ceil_div_int(static_cast<int>(shape.n), Cfg::block_n);
   grouped_gemm_kernel<Cfg><<<blocks, Cfg::threads, Cfg::smem_bytes, stream>>>(
       a, w, c, offsets, tile_prefix, shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n),
       static_cast<int>(shape.k), tiles_n, options.order, options.group_m, paired);
 }
 
+// The tile's deepest pipeline that fits this GPU's shared memory per block.
+enum class Pipeline { wide4, wide3, square4, square3 };
+
+Pipeline pipeline_for(GroupedTile tile, const DeviceLimits& limits) {
+  const auto fits = [&](int smem_bytes) { return static_cast<std::size_t>(smem_bytes) <= limits.smem_per_block_optin; };
+  const std::string allows =
+      "this GPU allows " + std::to_string(limits.smem_per_block_optin) + " bytes of shared memory per block; ";
+  if (tile == GroupedTile::wide_128x256) {
+    if (fits(LargeTile4::smem_bytes)) return Pipeline::wide4;
+    if (fits(LargeTile3::smem_bytes)) return Pipeline::wide3;
+    throw InvalidArgument("options.tile: " + allows + "the 128 x 256 tile needs " +
+                          std::to_string(LargeTile3::smem_bytes) + " (GroupedTile::square_128x128 fits)");
+  }
+  if (fits(MediumTile4::smem_bytes)) return Pipeline::square4;
+  if (fits(MediumTile3::smem_bytes)) return Pipeline::square3;
+  throw InvalidArgument(allows + "the 128 x 128 tile needs " + std::to_string(MediumTile3::smem_bytes));
+}
+
 }  // namespace
+
+bool grouped_tile_supported(GroupedTile tile) {
+  const std::size_t optin = current_device_limits().smem_per_block_optin;
+  const int smallest = tile == GroupedTile::wide_128x256 ? LargeTile3::smem_bytes : MediumTile3::smem_bytes;
+  return static_cast<std::size_t>(smallest) <= optin;
+}
 
 void grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                   const std::int32_t* offsets, void* workspace, std::size_t workspace_bytes,
@@ -122,21 +155,22 @@ void grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const _
   validate_grouped_gemm(shape, a, w, c, offsets);
   validate_grouped_gemm_options(shape, c, options, workspace, workspace_bytes);
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
-  const DeviceLimits limits = current_device_limits();
+  const Pipeline pipeline = pipeline_for(options.tile, current_device_limits());  // may throw: before any launch
   auto* tile_prefix = static_cast<std::int32_t*>(workspace);
   tile_prefix_kernel<<<1, detail::kScanThreads, 0, stream>>>(offsets, shape.experts, static_cast<int>(shape.m_total),
                                                              kBlockM, tile_prefix);
   check_launch();
   // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
   const bool paired = shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0;
-  if (static_cast<std::size_t>(MediumTile4::smem_bytes) <= limits.smem_per_block_optin) {
-    launch_gemm<MediumTile4>(shape, a, w, c, offsets, tile_prefix, options, paired, stream);
-  } else if (static_cast<std::size_t>(MediumTile3::smem_bytes) <= limits.smem_per_block_optin) {
-    launch_gemm<MediumTile3>(shape, a, w, c, offsets, tile_prefix, options, paired, stream);
-  } else {
-    throw InvalidArgument("this GPU allows " + std::to_string(limits.smem_per_block_optin) +
-                          " bytes of shared memory per block; the 128 x 128 tile needs " +
-                          std::to_string(MediumTile3::smem_bytes));
+  switch (pipeline) {
+    case Pipeline::wide4: launch_gemm<LargeTile4>(shape, a, w, c, offsets, tile_prefix, options, paired, stream); break;
+    case Pipeline::wide3: launch_gemm<LargeTile3>(shape, a, w, c, offsets, tile_prefix, options, paired, stream); break;
+    case Pipeline::square4:
+      launch_gemm<MediumTile4>(shape, a, w, c, offsets, tile_prefix, options, paired, stream);
+      break;
+    case Pipeline::square3:
+      launch_gemm<MediumTile3>(shape, a, w, c, offsets, tile_prefix, options, paired, stream);
+      break;
   }
   check_launch();
 }
