@@ -102,6 +102,8 @@ void register_tuning(const kc::DeviceInfo& device) {
                                           kc::ch02::GemmBf16Tile::medium,
                                           kc::ch02::GemmBf16Tile::small,
                                           kc::ch02::GemmBf16Tile::narrow,
+                                          kc::ch02::GemmBf16Tile::small_deep,
+                                          kc::ch02::GemmBf16Tile::narrow_deep,
                                           kc::ch02::GemmBf16Tile::large_early_refill,
                                           kc::ch02::GemmBf16Tile::medium_two_blocks,
                                           kc::ch02::GemmBf16Tile::large_staged_store};

@@ -172,6 +172,22 @@ TEST(GemmBf16Tiles, InfoFollowsSharedMemory) {
   EXPECT_EQ(narrow.stages, 8);
   EXPECT_EQ(narrow.smem_bytes, 8u * (64 + 32) * 64 * 2);
   EXPECT_TRUE(narrow.fits);
+
+  // The deep versions: the same tiles with twice the stages, 192 KiB: sm_90 only.
+  const auto small_deep = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::small_deep, kH200Smem);
+  EXPECT_EQ(small_deep.block_m, 64);
+  EXPECT_EQ(small_deep.block_n, 64);
+  EXPECT_EQ(small_deep.stages, 12);
+  EXPECT_EQ(small_deep.smem_bytes, 192u * 1024);
+  EXPECT_TRUE(small_deep.fits);
+  const auto narrow_deep = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::narrow_deep, kH200Smem);
+  EXPECT_EQ(narrow_deep.block_n, 32);
+  EXPECT_EQ(narrow_deep.stages, 16);
+  EXPECT_EQ(narrow_deep.smem_bytes, 192u * 1024);
+  for (GemmBf16Tile deep : {GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep}) {
+    EXPECT_FALSE(kc::ch02::gemm_bf16_tile_info(deep, kA100Smem).fits);
+    EXPECT_FALSE(kc::ch02::gemm_bf16_tile_info(deep, kRtxSmem).fits);
+  }
 }
 
 // The tuning tiles: the large tile's shape and stages with another schedule, and a 128×128 tile of
@@ -219,13 +235,20 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
   EXPECT_EQ(choose_gemm_bf16_tile({1024, 4096, 4096}, 132, kH200Smem), GemmBf16Tile::medium);
   // Chapter 3's MoE shape: M = 128 leaves large, medium and small tiles with 16, 32 and 128 blocks;
   // 128 blocks keep most SMs busy, so the small tile. M = 16: 64 blocks, half the SMs idle: narrow.
-  EXPECT_EQ(choose_gemm_bf16_tile({128, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::small);
-  EXPECT_EQ(choose_gemm_bf16_tile({16, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::narrow);
-  EXPECT_EQ(choose_gemm_bf16_tile({16, 8192, 7168}, 132, kH200Smem), GemmBf16Tile::small);
-  // 256 x 4096: the small tile's 256 blocks fill the GPU.
+  // Both grids are a single wave, so on sm_90 the deep versions; sm_80 and the 99 KiB parts lack
+  // their 192 KiB.
+  EXPECT_EQ(choose_gemm_bf16_tile({128, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::small_deep);
+  EXPECT_EQ(choose_gemm_bf16_tile({128, 4096, 7168}, 108, kA100Smem), GemmBf16Tile::small);
+  EXPECT_EQ(choose_gemm_bf16_tile({16, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::narrow_deep);
+  EXPECT_EQ(choose_gemm_bf16_tile({16, 4096, 7168}, 132, kRtxSmem), GemmBf16Tile::narrow);
+  EXPECT_EQ(choose_gemm_bf16_tile({16, 8192, 7168}, 132, kH200Smem), GemmBf16Tile::small_deep);
+  // Exactly one block per SM is still a single wave; one more block is not.
+  EXPECT_EQ(choose_gemm_bf16_tile({64, 64 * 132, 64}, 132, kH200Smem), GemmBf16Tile::small_deep);
+  EXPECT_EQ(choose_gemm_bf16_tile({128, 64 * 67, 64}, 132, kH200Smem), GemmBf16Tile::small);
+  // 256 x 4096: the small tile's 256 blocks fill the GPU twice over: two 96 KiB blocks per SM.
   EXPECT_EQ(choose_gemm_bf16_tile({256, 4096, 7168}, 132, kH200Smem), GemmBf16Tile::small);
   // Nothing fills the GPU: the tile with the most blocks.
-  EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 132, kH200Smem), GemmBf16Tile::narrow);
+  EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 132, kH200Smem), GemmBf16Tile::narrow_deep);
   // One SM: any grid fills it, so the largest tile.
   EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 1, kH200Smem), GemmBf16Tile::large);
   // The tuning tiles are never chosen.
@@ -254,6 +277,8 @@ TEST(GemmBf16Tiles, Names) {
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium), "medium");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small), "small");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow), "narrow");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_deep), "small_deep");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow_deep), "narrow_deep");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_early_refill), "large_early_refill");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium_two_blocks), "medium_two_blocks");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_staged_store), "large_staged_store");
@@ -425,8 +450,9 @@ TEST_P(GemmBf16TileGpu, SeveralTilesEachWay) {
 
 INSTANTIATE_TEST_SUITE_P(GemmBf16, GemmBf16TileGpu,
                          ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
-                                           GemmBf16Tile::narrow, GemmBf16Tile::large_early_refill,
-                                           GemmBf16Tile::medium_two_blocks, GemmBf16Tile::large_staged_store),
+                                           GemmBf16Tile::narrow, GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep,
+                                           GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
+                                           GemmBf16Tile::large_staged_store),
                          [](const ::testing::TestParamInfo<GemmBf16Tile>& info) {
                            return std::string(kc::ch02::to_string(info.param));
                          });

@@ -42,6 +42,12 @@ enum class GemmBf16Tile {
   /// MoE shapes (M = 16 or 128, N = 4096), where the small tile leaves half the SMs idle while the
   /// GEMM streams W; more shared-memory reads per mma, which those memory-bound shapes can afford.
   narrow,
+  /// The small tile with 12 stages (192 KiB, sm_90): chosen instead of small when the grid has at
+  /// most one block per SM, so that the single wave keeps twice the bytes in flight.
+  small_deep,
+  /// The narrow tile with 16 stages (192 KiB, sm_90): chosen instead of narrow when the GPU has the
+  /// shared memory (the narrow tile's grid is always a single wave).
+  narrow_deep,
   /// Tuning tile (never chosen by choose_gemm_bf16_tile): the large tile with the early-refill
   /// schedule. Each slice's cp.async are issued right after the barrier and the next slice's first
   /// ldmatrix, into the buffer every warp has just read, so that no ldmatrix waits behind them just
@@ -78,7 +84,9 @@ GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_blo
 /// The tile gemm_bf16 uses (never a tuning tile): of large, medium and small, the largest one that
 /// fits in shared memory and still gives every SM at least one block (grid >= @p sm_count); when
 /// none does (small M or N), the small tile if it still keeps at least half the SMs busy, else the
-/// narrow tile (twice the small tile's blocks). Host-only, no CUDA call.
+/// narrow tile (twice the small tile's blocks). A small or narrow grid of at most @p sm_count
+/// blocks (a single wave, one block per SM) takes the deep version of its tile where it fits.
+/// Host-only, no CUDA call.
 /// Throws kc::InvalidArgument for a bad @p shape or sm_count.
 GemmBf16Tile choose_gemm_bf16_tile(GemmShape shape, int sm_count, std::size_t smem_per_block_optin);
 
@@ -106,8 +114,8 @@ void gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
 void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
-/// The printable name of @p tile ("large", "medium", "small", "narrow", "large_early_refill", "medium_two_blocks",
-/// "large_staged_store").
+/// The printable name of @p tile ("large", "medium", "small", "narrow", "small_deep", "narrow_deep",
+/// "large_early_refill", "medium_two_blocks", "large_staged_store").
 const char* to_string(GemmBf16Tile tile);
 
 /// The mma.sync peak microbenchmark: every warp issues back-to-back mma.sync m16n8k16 bf16 on

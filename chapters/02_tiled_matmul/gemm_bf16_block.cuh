@@ -125,6 +125,14 @@ using MediumTile3 = Tile<128, 128, 2, 4, 3>;  ///<  96 KiB: sm_86 / sm_89
 using SmallTile = Tile<64, 64, 2, 2, 6>;      ///<  96 KiB: all
 using NarrowTile = Tile<64, 32, 4, 1, 8>;     ///<  96 KiB: all
 
+/// The small and narrow tiles for a single wave (at most one block per SM): one block then has the
+/// SM's shared memory to itself, and a memory-bound GEMM that streams W once (M = 16 or 128) needs
+/// bytes in flight more than anything else. Twice the stages keep twice the copies in flight per SM
+/// (176 KiB instead of 80 KiB for the small tile): by Little's law, twice the bandwidth at the same
+/// latency, until DRAM itself is the limit.
+using SmallDeepTile = Tile<64, 64, 2, 2, 12>;   ///< 192 KiB: sm_90
+using NarrowDeepTile = Tile<64, 32, 4, 1, 16>;  ///< 192 KiB: sm_90
+
 /// Tuning tiles (gemm_bf16_with_tile only), both with early refill. LargeEarly is the large tile
 /// with nothing else changed. MediumTwoBlocks gives 4 warps the large tile's 64×64 warp tile (the
 /// fewest ldmatrix bytes per mma) in a 128×128 block small enough for two blocks per SM on sm_90

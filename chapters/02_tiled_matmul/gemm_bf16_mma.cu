@@ -81,6 +81,8 @@ DeviceLimits current_device_limits() {
     allow_dynamic_shared_memory<MediumTile3>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<SmallTile>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<NarrowTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<SmallDeepTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<NarrowDeepTile>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<LargeEarlyTile4>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<LargeEarlyTile3>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<MediumTwoBlocksTile>(limits.smem_per_block_optin);
@@ -140,6 +142,8 @@ const char* to_string(GemmBf16Tile tile) {
     case GemmBf16Tile::medium: return "medium";
     case GemmBf16Tile::small: return "small";
     case GemmBf16Tile::narrow: return "narrow";
+    case GemmBf16Tile::small_deep: return "small_deep";
+    case GemmBf16Tile::narrow_deep: return "narrow_deep";
     case GemmBf16Tile::large_early_refill: return "large_early_refill";
     case GemmBf16Tile::medium_two_blocks: return "medium_two_blocks";
     case GemmBf16Tile::large_staged_store: return "large_staged_store";
@@ -158,6 +162,8 @@ GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_blo
                                                              : info_of<MediumTile3>(smem_per_block_optin);
     case GemmBf16Tile::small: return info_of<SmallTile>(smem_per_block_optin);
     case GemmBf16Tile::narrow: return info_of<NarrowTile>(smem_per_block_optin);
+    case GemmBf16Tile::small_deep: return info_of<SmallDeepTile>(smem_per_block_optin);
+    case GemmBf16Tile::narrow_deep: return info_of<NarrowDeepTile>(smem_per_block_optin);
     case GemmBf16Tile::large_early_refill:
       return LargeEarlyTile4::smem_bytes <= smem_per_block_optin ? info_of<LargeEarlyTile4>(smem_per_block_optin)
                                                                  : info_of<LargeEarlyTile3>(smem_per_block_optin);
@@ -169,21 +175,28 @@ GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_blo
 GemmBf16Tile choose_gemm_bf16_tile(GemmShape shape, int sm_count, std::size_t smem_per_block_optin) {
   validate_gemm_shape(shape);
   if (sm_count < 1) throw InvalidArgument("sm_count (" + std::to_string(sm_count) + ") must be >= 1");
-  // Largest first: bigger tiles reuse each loaded byte more (compute-bound shapes), smaller ones
-  // spread a small problem over more SMs (memory-bound shapes, such as M = 128 in the MoE chapters).
-  auto blocks = [&](const GemmBf16TileInfo& info) {
+  auto blocks = [&](GemmBf16Tile tile) {
+    const GemmBf16TileInfo info = gemm_bf16_tile_info(tile, smem_per_block_optin);
     return ceil_div(shape.m, info.block_m) * ceil_div(shape.n, info.block_n);
   };
-  for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small}) {
-    const GemmBf16TileInfo info = gemm_bf16_tile_info(tile, smem_per_block_optin);
-    if (info.fits && blocks(info) >= sm_count) return tile;
+  auto fits = [&](GemmBf16Tile tile) { return gemm_bf16_tile_info(tile, smem_per_block_optin).fits; };
+  // A small or narrow grid of at most one block per SM is a single wave: the deep version of the
+  // tile, where the GPU has its shared memory, keeps twice the bytes in flight.
+  auto single_wave = [&](GemmBf16Tile tile, GemmBf16Tile deep) {
+    return blocks(tile) <= sm_count && fits(deep) ? deep : tile;
+  };
+  // Largest first: bigger tiles reuse each loaded byte more (compute-bound shapes), smaller ones
+  // spread a small problem over more SMs (memory-bound shapes, such as M = 128 in the MoE chapters).
+  for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium}) {
+    if (fits(tile) && blocks(tile) >= sm_count) return tile;
   }
-  // Nothing fills the GPU. The narrow tile doubles the small tile's blocks but reads more shared
-  // memory per mma: worth it only when the small tile would leave more than half the SMs idle
-  // (M = 16, N = 4096: 64 blocks for 132 SMs), not at M = 128 (128 blocks).
-  const GemmBf16TileInfo small = gemm_bf16_tile_info(GemmBf16Tile::small, smem_per_block_optin);
-  if (small.fits && 2 * blocks(small) >= sm_count) return GemmBf16Tile::small;
-  return GemmBf16Tile::narrow;  // 96 KiB: fits wherever the small tile does
+  // Nothing larger fills the GPU. The narrow tile doubles the small tile's blocks but reads more
+  // shared memory per mma: worth it only when the small tile would leave more than half the SMs
+  // idle (M = 16, N = 4096: 64 blocks for 132 SMs), not at M = 128 (128 blocks).
+  if (fits(GemmBf16Tile::small) && 2 * blocks(GemmBf16Tile::small) >= sm_count) {
+    return single_wave(GemmBf16Tile::small, GemmBf16Tile::small_deep);
+  }
+  return single_wave(GemmBf16Tile::narrow, GemmBf16Tile::narrow_deep);  // 96 KiB: fits wherever small does
 }
 
 namespace {
@@ -311,6 +324,12 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
       break;
     case GemmBf16Tile::narrow:
       launch<NarrowTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+      break;
+    case GemmBf16Tile::small_deep:
+      launch<SmallDeepTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+      break;
+    case GemmBf16Tile::narrow_deep:
+      launch<NarrowDeepTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       break;
     case GemmBf16Tile::large_early_refill:
       if (info.stages == LargeEarlyTile4::stages) {
