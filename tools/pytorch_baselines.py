@@ -557,6 +557,40 @@ def ch06_persistent(env: Env) -> List[CaseResult]:
     return _grouped_mm_baseline(env, "ch06", CH06_CASES)
 
 
+# Chapter 7's benchmark shapes (bench/07_hopper_gemm_bench.cu): square 2048-8192 and two MoE-like shapes.
+CH07_SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (6144, 6144, 6144), (8192, 8192, 8192),
+               (4096, 4096, 7168), (8192, 7168, 2048)]
+
+
+@baseline("ch07")
+def ch07_hopper_gemm(env: Env) -> List[CaseResult]:
+    """``torch.nn.functional.linear(a, w)`` in bf16 (C = A·Wᵀ, A [M,K], W [N,K]) on Chapter 7's
+    shapes, timed as Chapter 2's bf16 baseline is."""
+    torch = env.torch
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed)
+    results = []
+    for m, n, k in CH07_SHAPES:
+        min_bytes = ch02_min_bytes(2, m, n, k)
+        sets = rotation_sets(int(min_bytes), env.l2_bytes)
+        batch = max(1, min(64, (1 << 28) // int(min_bytes)))
+        operands = []
+        for _ in range(sets):
+            a = torch.empty(m, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0, generator=generator)
+            w = torch.empty(n, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0, generator=generator)
+            operands.append(functools.partial(torch.nn.functional.linear, a, w))
+        timed = time_samples(env, operands, batch)
+        label = ch02_case_label("bf16", m, n, k)
+        results.append(CaseResult(chapter="ch07", case=label, times_s=timed["times"],
+                                  cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
+                                  flop_count=2.0 * m * n * k,
+                                  counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+        env.log("ch07 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
+        del operands
+        torch.cuda.empty_cache()
+    return results
+
+
 def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any]) -> List[CaseResult]:
     """Times ``torch._grouped_mm`` on ``cases`` ((label, kind, experts, rows, N, K) tuples) as
     ``chapter``'s pytorch variant; see ch05_grouped_gemm."""

@@ -1,0 +1,127 @@
+/// @file hopper_gemm.hpp
+/// @brief Chapter 7: Chapter 2's bf16 GEMM rebuilt for Hopper (sm_90a) with TMA, wgmma and warp
+/// specialization, one ladder step per kernel.
+///
+/// Layout and numerics are Chapter 2's (gemm_bf16.hpp): A is [M, K] row-major, W is [N, K] row-major,
+/// C = A · Wᵀ is [M, N] row-major; bf16 in, fp32 accumulation, one round-to-nearest-even per output.
+///
+/// The ladder (each step its own kernel, file and benchmark variant):
+///   1. step1_tma_wgmma.cu         TMA loads completing on an mbarrier, wgmma m64n128k16 from shared
+///                                 memory with 128-byte swizzle; one warpgroup, a 64 × 128 tile, one buffer.
+///   2. step2_pipeline.cu          a 128 × 128 tile on two warpgroups, 7 stages, full/empty mbarriers.
+///   3. step3_warp_specialized.cu  a producer warpgroup issuing TMA, two consumer warpgroups on a
+///                                 128 × 256 tile, registers moved to the consumers with setmaxnreg.
+/// Step 3 is the chapter's `after` (for now: persistence, clusters and a TMA-store epilogue follow).
+///
+/// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):
+///   - every dimension of @p shape in [1, 2^31 - 1] (Chapter 2's validate_gemm_shape);
+///   - K a multiple of 8 and a, w 16-byte aligned: TMA reads rows whose byte stride is a multiple of 16
+///     from a 16-byte-aligned base;
+///   - a, w and c not null, c 2-byte aligned, c not overlapping a or w (a and w may be the same);
+///   - at most 2^31 - 1 tiles (the grid is one-dimensional).
+/// Any M and N work: TMA zero-fills the rows and the K tail outside the matrices, stores are masked.
+///
+/// GPU: the kernels are sm_90a code (wgmma and setmaxnreg exist on sm_90 only). On any other GPU,
+/// or in a build whose CMAKE_CUDA_ARCHITECTURES has no 90 entry, the launch functions throw
+/// kc::ch07::UnsupportedGpu saying what they need, after validating the arguments.
+///
+/// The launch functions neither allocate nor synchronise (CUDA-graph capturable): they encode the two
+/// tensor maps on the host (no GPU involved) and pass them by value. The first call on a device
+/// queries it and raises the kernels' shared-memory limits once; call once outside a capture first.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "gemm_shape.hpp"
+#include "tensor_map.hpp"
+
+namespace kc::ch07 {
+
+using ch02::GemmShape;
+
+/// The steps of the ladder.
+enum class HopperStep {
+  tma_wgmma,         ///< step 1: TMA + mbarrier + wgmma, one warpgroup, one buffer
+  pipeline,          ///< step 2: larger tile, multi-stage full/empty pipeline
+  warp_specialized,  ///< step 3: producer warpgroup + two consumers, setmaxnreg (the `after`)
+};
+
+/// The chapter's final kernel, the one gemm_bf16_hopper runs.
+inline constexpr HopperStep kAfterStep = HopperStep::warp_specialized;
+
+/// What a step's kernel is, in numbers (the lesson's table and the CPU tests read these).
+struct HopperStepInfo {
+  int block_m = 0;              ///< rows of C per block
+  int block_n = 0;              ///< columns of C per block
+  int block_k = 0;              ///< K per stage (64: one 128-byte swizzle row)
+  int threads = 0;              ///< threads per block
+  int consumer_warpgroups = 0;  ///< warpgroups issuing wgmma
+  int producer_warpgroups = 0;  ///< warpgroups issuing only TMA
+  int stages = 0;               ///< shared-memory buffers in the pipeline
+  int stage_bytes = 0;          ///< bytes of one stage (A box + W box), what its full barrier expects
+  std::size_t smem_bytes = 0;   ///< dynamic shared memory per block (with 1 KiB alignment slack)
+};
+
+/// The numbers of @p step. Host-only, no CUDA call. Throws kc::InvalidArgument for a value that is
+/// not a HopperStep.
+HopperStepInfo hopper_step_info(HopperStep step);
+
+/// The benchmark variant name of @p step: "step1_tma_wgmma", "step2_pipeline", "step3_warp_specialized".
+const char* to_string(HopperStep step);
+
+/// Thrown by the launch functions when this GPU (or this build) cannot run the sm_90a kernels.
+class UnsupportedGpu : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Why a GPU of compute capability @p cc_major.@p cc_minor cannot run this chapter's kernels, or
+/// std::nullopt when it can (sm_90 exactly: sm_90a code runs on no other architecture). Host-only.
+std::optional<std::string> hopper_unsupported_reason(int cc_major, int cc_minor);
+
+/// True when this library was built with the sm_90a kernels (CMAKE_CUDA_ARCHITECTURES has a 90
+/// entry); false for the stub build that can only report what it needs.
+bool hopper_kernels_built();
+
+/// Checks the rules in this file's description for @p step's tile; throws kc::InvalidArgument naming
+/// the first one broken, e.g. "shape.k (100) must be a multiple of 8 (TMA: rows of a multiple of 16
+/// bytes)". Host-only.
+void validate_gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape,
+                               HopperStep step = kAfterStep);
+
+/// The two tensor maps a launch of @p step encodes, as plain numbers: A [M, K] in boxes of block_m
+/// rows, W [N, K] in boxes of block_n rows, both 64 columns wide with 128-byte swizzle.
+struct OperandMaps {
+  TensorMapSpec a;  ///< A's map
+  TensorMapSpec w;  ///< W's map
+};
+
+/// The maps of a launch (validate_gemm_bf16_hopper first; this only does the arithmetic). Host-only.
+OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step);
+
+/// C = A · Wᵀ with the chapter's final kernel (step 3 for now).
+/// @param a [M, K] row-major, 16-byte aligned
+/// @param w [N, K] row-major, 16-byte aligned
+/// @param c [M, N] row-major output, 2-byte aligned
+/// @param shape M, N, K (K a multiple of 8)
+/// @param stream the stream to enqueue on
+void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                      cudaStream_t stream = nullptr);
+
+/// C = A · Wᵀ with the kernel of ladder step @p step (tests, benchmark, exercises). Same rules.
+/// @param step the ladder step
+/// @param a [M, K] row-major, 16-byte aligned
+/// @param w [N, K] row-major, 16-byte aligned
+/// @param c [M, N] row-major output, 2-byte aligned
+/// @param shape M, N, K (K a multiple of 8)
+/// @param stream the stream to enqueue on
+void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                           GemmShape shape, cudaStream_t stream = nullptr);
+
+}  // namespace kc::ch07

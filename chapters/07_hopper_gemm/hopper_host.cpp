@@ -1,0 +1,160 @@
+// Chapter 7's host side: the rules, the step table, the tensor maps and the dispatch. The rules and
+// the maps' arithmetic make no CUDA call, so the CPU tests cover them on machines without a GPU.
+#include <cstdint>
+#include <string>
+
+#include "hopper_gemm.hpp"
+#include "hopper_launch.hpp"
+#include "hopper_tiles.hpp"
+#include "kc/check.hpp"
+#include "kc/device_info.hpp"
+
+namespace kc::ch07 {
+
+namespace {
+
+TileConfig tile_config(HopperStep step) {
+  switch (step) {
+    case HopperStep::tma_wgmma: return kStep1Tile;
+    case HopperStep::pipeline: return kStep2Tile;
+    case HopperStep::warp_specialized: return kStep3Tile;
+  }
+  throw InvalidArgument("step (" + std::to_string(static_cast<int>(step)) + ") is not a HopperStep");
+}
+
+std::int64_t ceil_div(std::int64_t x, std::int64_t y) { return (x + y - 1) / y; }
+
+bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t y_bytes) {
+  const auto xs = reinterpret_cast<std::uintptr_t>(x);
+  const auto ys = reinterpret_cast<std::uintptr_t>(y);
+  return x_bytes > 0 && y_bytes > 0 && xs < ys + y_bytes && ys < xs + x_bytes;
+}
+
+// What the launch path needs to know about the current device, queried once per device.
+struct DeviceFacts {
+  int cc_major = 0;
+  int cc_minor = 0;
+  std::size_t smem_per_block_optin = 0;
+};
+
+DeviceFacts current_device_facts() {
+  return cached_per_device([](int device) {
+    DeviceFacts facts;
+    int optin = 0;
+    check(cudaDeviceGetAttribute(&facts.cc_major, cudaDevAttrComputeCapabilityMajor, device));
+    check(cudaDeviceGetAttribute(&facts.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    facts.smem_per_block_optin = static_cast<std::size_t>(optin);
+    return facts;
+  });
+}
+
+}  // namespace
+
+HopperStepInfo hopper_step_info(HopperStep step) {
+  const TileConfig t = tile_config(step);
+  return {t.block_m, t.block_n,       kBlockK,       t.threads(), t.consumer_warpgroups, t.producer_warpgroups,
+          t.stages,  t.stage_bytes(), t.smem_bytes()};
+}
+
+const char* to_string(HopperStep step) {
+  switch (step) {
+    case HopperStep::tma_wgmma: return "step1_tma_wgmma";
+    case HopperStep::pipeline: return "step2_pipeline";
+    case HopperStep::warp_specialized: return "step3_warp_specialized";
+  }
+  return "unknown";
+}
+
+std::optional<std::string> hopper_unsupported_reason(int cc_major, int cc_minor) {
+  if (cc_major == 9 && cc_minor == 0) return std::nullopt;
+  return "Chapter 7's kernels need an sm_90 GPU (H100, H200, GH200): wgmma and setmaxnreg are sm_90a "
+         "instructions, and sm_90a code runs on no other architecture; this GPU is sm_" +
+         std::to_string(cc_major) + std::to_string(cc_minor);
+}
+
+bool hopper_kernels_built() { return detail::kernels_built(); }
+
+void validate_gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape,
+                               HopperStep step) {
+  const TileConfig tile = tile_config(step);
+  ch02::validate_gemm_shape(shape);
+  if (shape.k % 8 != 0) {
+    throw InvalidArgument("shape.k (" + std::to_string(shape.k) +
+                          ") must be a multiple of 8 (TMA: rows of a multiple of 16 bytes)");
+  }
+  if (a == nullptr) throw InvalidArgument("a must not be null");
+  if (w == nullptr) throw InvalidArgument("w must not be null");
+  if (c == nullptr) throw InvalidArgument("c must not be null");
+  if (reinterpret_cast<std::uintptr_t>(a) % 16 != 0) {
+    throw InvalidArgument("a must be 16-byte aligned (TMA reads from a 16-byte-aligned base)");
+  }
+  if (reinterpret_cast<std::uintptr_t>(w) % 16 != 0) {
+    throw InvalidArgument("w must be 16-byte aligned (TMA reads from a 16-byte-aligned base)");
+  }
+  if (reinterpret_cast<std::uintptr_t>(c) % alignof(__nv_bfloat16) != 0) {
+    throw InvalidArgument("c must be 2-byte aligned (the alignment of bf16)");
+  }
+  const std::int64_t tiles = ceil_div(shape.m, tile.block_m) * ceil_div(shape.n, tile.block_n);
+  if (tiles > 0x7FFFFFFF) {
+    throw InvalidArgument("shape (" + std::to_string(shape.m) + " x " + std::to_string(shape.n) +
+                          ") must need at most 2^31 - 1 tiles of " + std::to_string(tile.block_m) + " x " +
+                          std::to_string(tile.block_n));
+  }
+  const auto bytes = [](std::int64_t rows, std::int64_t cols) {
+    return static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(cols) * sizeof(__nv_bfloat16);
+  };
+  if (overlaps(c, bytes(shape.m, shape.n), a, bytes(shape.m, shape.k))) throw InvalidArgument("c must not overlap a");
+  if (overlaps(c, bytes(shape.m, shape.n), w, bytes(shape.n, shape.k))) throw InvalidArgument("c must not overlap w");
+}
+
+OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step) {
+  const TileConfig tile = tile_config(step);
+  return {bf16_row_major_map(a, shape.m, shape.k, tile.block_m), bf16_row_major_map(w, shape.n, shape.k, tile.block_n)};
+}
+
+void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                           GemmShape shape, cudaStream_t stream) {
+  // 1. Everything the host can check, before any CUDA call.
+  validate_gemm_bf16_hopper(a, w, c, shape, step);
+  const OperandMaps maps = operand_maps(a, w, shape, step);
+  validate_tensor_map(maps.a, "a");
+  validate_tensor_map(maps.w, "w");
+  // 2. Can this build and this GPU run sm_90a code at all?
+  if (!detail::kernels_built()) {
+    throw UnsupportedGpu(
+        "Chapter 7 was built without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES "
+        "(e.g. -DCMAKE_CUDA_ARCHITECTURES=\"80-real;90\") and run on an sm_90 GPU");
+  }
+  const DeviceFacts device = current_device_facts();
+  if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
+  const TileConfig tile = tile_config(step);
+  if (tile.smem_bytes() > device.smem_per_block_optin) {
+    throw UnsupportedGpu(std::string(to_string(step)) + " needs " + std::to_string(tile.smem_bytes()) +
+                         " bytes of shared memory per block; this GPU allows " +
+                         std::to_string(device.smem_per_block_optin));
+  }
+  // 3. The maps (host-only encoding) and the launch.
+  const CUtensorMap a_map = encode_tensor_map(maps.a, "a");
+  const CUtensorMap w_map = encode_tensor_map(maps.w, "w");
+  const auto n = static_cast<int>(shape.n);
+  const detail::Output out{c,
+                           static_cast<int>(shape.m),
+                           n,
+                           static_cast<int>(shape.k),
+                           static_cast<int>(ceil_div(shape.n, tile.block_n)),
+                           n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0};
+  const auto tiles = static_cast<int>(ceil_div(shape.m, tile.block_m) * out.tiles_n);
+  switch (step) {
+    case HopperStep::tma_wgmma: detail::launch_step1(a_map, w_map, out, tiles, stream); break;
+    case HopperStep::pipeline: detail::launch_step2(a_map, w_map, out, tiles, stream); break;
+    case HopperStep::warp_specialized: detail::launch_step3(a_map, w_map, out, tiles, stream); break;
+  }
+}
+
+void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                      cudaStream_t stream) {
+  gemm_bf16_hopper_step(kAfterStep, a, w, c, shape, stream);
+}
+
+}  // namespace kc::ch07

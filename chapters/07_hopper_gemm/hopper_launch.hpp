@@ -1,0 +1,39 @@
+/// @file hopper_launch.hpp
+/// @brief Internal: what the host side (hopper_host.cpp) hands each step's launcher. The launchers
+/// live with their kernels (stepN_*.cu); a build without sm_90 links stub launchers instead
+/// (kernels_unavailable.cu) that only say what they need.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace kc::ch07::detail {
+
+/// The output side of a launch: where C is, its size, and whether two adjacent bf16 can be stored as
+/// one 4-byte word (N even and c 4-byte aligned).
+struct Output {
+  __nv_bfloat16* c;    ///< [m, n] row-major
+  int m;               ///< rows of C
+  int n;               ///< columns of C (and the row stride)
+  int k;               ///< the reduction length
+  int tiles_n;         ///< tiles per row of C (ceil(n / block_n))
+  bool paired_stores;  ///< store bf16 pairs as 4-byte words
+};
+
+/// Step 1's launcher (step1_tma_wgmma.cu). Each launcher raises its kernel's shared-memory limit on first use per
+/// device, then enqueues
+/// @p tiles blocks on @p stream and checks the launch error.
+void launch_step1(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
+                  cudaStream_t stream);
+/// Step 2's launcher (step2_pipeline.cu), as launch_step1.
+void launch_step2(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
+                  cudaStream_t stream);
+/// Step 3's launcher (step3_warp_specialized.cu), as launch_step1.
+void launch_step3(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
+                  cudaStream_t stream);
+
+/// True in the build with kernels, false in the stub build.
+bool kernels_built();
+
+}  // namespace kc::ch07::detail

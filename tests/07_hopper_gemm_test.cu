@@ -1,0 +1,547 @@
+// Chapter 7 tests: the Hopper GEMM ladder (TMA, wgmma, warp specialization).
+// CPU tests (argument rules, tensor-map descriptions and their rules, the step table, the
+// accumulator and descriptor maps the kernels use) run everywhere. GPU tests need an sm_90 GPU (the
+// kernels are sm_90a code) and skip with the reason elsewhere.
+//
+// Tolerance 1e-2 relative Frobenius (the course's bf16 rule): against the fp64 reference of the bf16
+// inputs the only differences are fp32 accumulation (about sqrt(K) · 2^-24 relative) and one rounding
+// of each output to bf16 (at most 2^-9 relative), so the error is around 1e-3; against cuBLAS both
+// round a sum taken in a different order, neighbouring bf16 values at worst (2^-8). A wrong swizzle,
+// descriptor, barrier phase or fragment position gives errors of order 1.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hopper_gemm.hpp"
+#include "hopper_tiles.hpp"
+#include "kc/compare.hpp"
+#include "kc/device_buffer.hpp"
+#include "kc/random.hpp"
+#include "kc/reference.hpp"
+#include "kc/test_support.hpp"
+#include "tensor_map.hpp"
+#include "vendor_cublas.hpp"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using kc::ch07::GemmShape;
+using kc::ch07::HopperStep;
+using kc::ch07::TensorMapSpec;
+using kc::test::expect_invalid_argument;
+
+constexpr double kTolerance = 1e-2;  // see the top of the file
+constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma, HopperStep::pipeline, HopperStep::warp_specialized};
+
+// 16-byte-aligned host storage for validation tests: the rules only look at addresses.
+struct alignas(16) HostBuffer {
+  bf16 data[256];
+};
+
+// ---------------------------------------------------------------- CPU: argument rules
+
+TEST(HopperGemmArguments, RejectsBadShape) {
+  HostBuffer a, w, c;
+  expect_invalid_argument(
+      [&] {
+        kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, c.data, {0, 8, 8});
+      },
+      "shape.m (0) must be in [1, 2^31 - 1]");
+  expect_invalid_argument(
+      [&] {
+        kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, c.data, {8, -3, 8});
+      },
+      "shape.n (-3) must be in [1, 2^31 - 1]");
+}
+
+TEST(HopperGemmArguments, RejectsKNotMultipleOf8) {
+  HostBuffer a, w, c;
+  expect_invalid_argument(
+      [&] {
+        kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, c.data, {4, 4, 100});
+      },
+      "shape.k (100) must be a multiple of 8 (TMA: rows of a multiple of 16 bytes)");
+  expect_invalid_argument(
+      [&] {
+        kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, c.data, {1, 1, 7});
+      },
+      "shape.k (7) must be a multiple of 8");
+  EXPECT_NO_THROW(kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, c.data + 128, {1, 1, 8}));
+}
+
+TEST(HopperGemmArguments, RejectsNullMisalignedAndOverlapping) {
+  HostBuffer a, w, c;
+  const GemmShape s{2, 2, 8};
+  expect_invalid_argument([&] { kc::ch07::validate_gemm_bf16_hopper(nullptr, w.data, c.data, s); },
+                          "a must not be null");
+  expect_invalid_argument([&] { kc::ch07::validate_gemm_bf16_hopper(a.data, nullptr, c.data, s); },
+                          "w must not be null");
+  expect_invalid_argument([&] { kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, nullptr, s); },
+                          "c must not be null");
+  expect_invalid_argument([&] { kc::ch07::validate_gemm_bf16_hopper(a.data + 4, w.data, c.data, s); },
+                          "a must be 16-byte aligned (TMA reads from a 16-byte-aligned base)");
+  expect_invalid_argument([&] { kc::ch07::validate_gemm_bf16_hopper(a.data, w.data + 1, c.data, s); },
+                          "w must be 16-byte aligned");
+  const auto* odd = reinterpret_cast<const bf16*>(reinterpret_cast<const unsigned char*>(c.data) + 1);
+  expect_invalid_argument([&] { kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, odd, s); },
+                          "c must be 2-byte aligned (the alignment of bf16)");
+  EXPECT_NO_THROW(kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, c.data + 1, s)) << "c needs only 2 bytes";
+  expect_invalid_argument([&] { kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, a.data + 15, s); },
+                          "c must not overlap a");
+  expect_invalid_argument([&] { kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, w.data, s); },
+                          "c must not overlap w");
+  EXPECT_NO_THROW(kc::ch07::validate_gemm_bf16_hopper(a.data, a.data, c.data, s)) << "a == w is allowed";
+}
+
+TEST(HopperGemmArguments, RejectsShapesNeedingTooManyTiles) {
+  HostBuffer a, w, c;
+  expect_invalid_argument(
+      [&] {
+        kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, c.data, {0x7FFFFFFF, 0x7FFFFFFF, 8}, HopperStep::tma_wgmma);
+      },
+      "must need at most 2^31 - 1 tiles of 64 x 128");
+  expect_invalid_argument(
+      [&] {
+        kc::ch07::validate_gemm_bf16_hopper(a.data, w.data, c.data, {0x7FFFFFFF, 0x7FFFFFFF, 8});
+      },
+      "tiles of 128 x 256");
+}
+
+// The launch functions validate before touching CUDA: on a machine without a GPU these throw
+// kc::InvalidArgument, not kc::CudaError, and nothing is written.
+TEST(HopperGemmArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
+  HostBuffer a, w, c;
+  expect_invalid_argument(
+      [&] {
+        kc::ch07::gemm_bf16_hopper(nullptr, w.data, c.data, {1, 1, 8});
+      },
+      "a must not be null");
+  for (HopperStep step : kSteps) {
+    expect_invalid_argument(
+        [&] {
+          kc::ch07::gemm_bf16_hopper_step(step, a.data, w.data, c.data, {1, 1, 12});
+        },
+        "shape.k (12) must be a multiple of 8");
+  }
+  expect_invalid_argument(
+      [&] {
+        kc::ch07::gemm_bf16_hopper_step(static_cast<HopperStep>(7), a.data, w.data, c.data, {1, 1, 8});
+      },
+      "step (7) is not a HopperStep");
+}
+
+TEST(HopperGemmArguments, SaysWhatGpuItNeeds) {
+  EXPECT_EQ(kc::ch07::hopper_unsupported_reason(9, 0), std::nullopt);
+  for (auto [major, minor] : {std::pair{8, 0}, std::pair{8, 9}, std::pair{10, 0}, std::pair{12, 0}}) {
+    const std::optional<std::string> reason = kc::ch07::hopper_unsupported_reason(major, minor);
+    ASSERT_TRUE(reason.has_value()) << major << "." << minor;
+    EXPECT_NE(reason->find("need an sm_90 GPU"), std::string::npos) << *reason;
+    EXPECT_NE(reason->find("sm_" + std::to_string(major) + std::to_string(minor)), std::string::npos) << *reason;
+  }
+}
+
+// ---------------------------------------------------------------- CPU: the step table
+
+TEST(HopperSteps, Table) {
+  const auto s1 = kc::ch07::hopper_step_info(HopperStep::tma_wgmma);
+  EXPECT_EQ(s1.block_m, 64);
+  EXPECT_EQ(s1.block_n, 128);
+  EXPECT_EQ(s1.block_k, 64);
+  EXPECT_EQ(s1.threads, 128);
+  EXPECT_EQ(s1.stages, 1);
+  EXPECT_EQ(s1.stage_bytes, (64 + 128) * 64 * 2);
+
+  const auto s2 = kc::ch07::hopper_step_info(HopperStep::pipeline);
+  EXPECT_EQ(s2.block_m, 128);
+  EXPECT_EQ(s2.block_n, 128);
+  EXPECT_EQ(s2.threads, 256);
+  EXPECT_EQ(s2.consumer_warpgroups, 2);
+  EXPECT_EQ(s2.producer_warpgroups, 0);
+  EXPECT_EQ(s2.stages, 7);
+  EXPECT_EQ(s2.stage_bytes, 32768);
+
+  const auto s3 = kc::ch07::hopper_step_info(HopperStep::warp_specialized);
+  EXPECT_EQ(s3.block_m, 128);
+  EXPECT_EQ(s3.block_n, 256);
+  EXPECT_EQ(s3.threads, 384);
+  EXPECT_EQ(s3.consumer_warpgroups, 2);
+  EXPECT_EQ(s3.producer_warpgroups, 1);
+  EXPECT_EQ(s3.stages, 4);
+  EXPECT_EQ(s3.stage_bytes, 49152);
+
+  for (HopperStep step : kSteps) {
+    const auto info = kc::ch07::hopper_step_info(step);
+    SCOPED_TRACE(kc::ch07::to_string(step));
+    EXPECT_LE(info.smem_bytes, kc::ch07::kSm90SmemPerBlock) << "fits an sm_90 block";
+    EXPECT_EQ(info.smem_bytes, 1024u + static_cast<std::size_t>(info.stages) * (info.stage_bytes + 16))
+        << "slack + stages + two barriers per stage";
+    EXPECT_EQ(info.stage_bytes % 1024, 0) << "each stage keeps the next 1024-byte aligned (128-byte swizzle)";
+    EXPECT_LT(info.stage_bytes, 1 << 20) << "an mbarrier phase counts at most 2^20 - 1 bytes";
+    EXPECT_EQ(info.block_m, 64 * info.consumer_warpgroups) << "each consumer warpgroup owns 64 rows";
+  }
+  expect_invalid_argument([] { kc::ch07::hopper_step_info(static_cast<HopperStep>(-1)); },
+                          "step (-1) is not a HopperStep");
+}
+
+TEST(HopperSteps, Names) {
+  EXPECT_STREQ(kc::ch07::to_string(HopperStep::tma_wgmma), "step1_tma_wgmma");
+  EXPECT_STREQ(kc::ch07::to_string(HopperStep::pipeline), "step2_pipeline");
+  EXPECT_STREQ(kc::ch07::to_string(HopperStep::warp_specialized), "step3_warp_specialized");
+  EXPECT_EQ(kc::ch07::kAfterStep, HopperStep::warp_specialized);
+}
+
+// ---------------------------------------------------------------- CPU: tensor maps
+
+TEST(HopperTensorMaps, OperandMapsOfEachStep) {
+  HostBuffer a, w;
+  const GemmShape s{300, 1000, 1032};  // none a multiple of any tile
+  for (HopperStep step : kSteps) {
+    SCOPED_TRACE(kc::ch07::to_string(step));
+    const auto info = kc::ch07::hopper_step_info(step);
+    const kc::ch07::OperandMaps maps = kc::ch07::operand_maps(a.data, w.data, s, step);
+    EXPECT_EQ(maps.a.global_address, a.data);
+    EXPECT_EQ(maps.a.global_dim[0], 1032u) << "innermost first: K";
+    EXPECT_EQ(maps.a.global_dim[1], 300u) << "then rows: M";
+    EXPECT_EQ(maps.a.row_stride_bytes, 1032u * 2);
+    EXPECT_EQ(maps.a.box_dim[0], 64u) << "64 bf16 = 128 bytes, the 128-byte swizzle span";
+    EXPECT_EQ(maps.a.box_dim[1], static_cast<std::uint32_t>(info.block_m));
+    EXPECT_EQ(maps.a.swizzle, kc::ch07::TensorMapSwizzle::bytes128);
+    EXPECT_EQ(maps.w.global_address, w.data);
+    EXPECT_EQ(maps.w.global_dim[0], 1032u);
+    EXPECT_EQ(maps.w.global_dim[1], 1000u) << "W's rows: N";
+    EXPECT_EQ(maps.w.box_dim[1], static_cast<std::uint32_t>(info.block_n));
+    EXPECT_EQ(static_cast<int>(maps.a.box_bytes() + maps.w.box_bytes()), info.stage_bytes)
+        << "the full barrier expects both boxes, zero-filled parts included";
+    EXPECT_NO_THROW(kc::ch07::validate_tensor_map(maps.a, "a"));
+    EXPECT_NO_THROW(kc::ch07::validate_tensor_map(maps.w, "w"));
+  }
+}
+
+TensorMapSpec good_map(const void* base) {
+  TensorMapSpec spec;
+  spec.global_address = base;
+  spec.global_dim = {1024, 300};
+  spec.row_stride_bytes = 2048;
+  spec.box_dim = {64, 128};
+  return spec;
+}
+
+TEST(HopperTensorMaps, RulesNameTheMapAndTheRule) {
+  HostBuffer buffer;
+  const void* base = buffer.data;
+  EXPECT_NO_THROW(kc::ch07::validate_tensor_map(good_map(base), "a"));
+  auto expect_rule = [&](auto change, const std::string& rule) {
+    TensorMapSpec spec = good_map(base);
+    change(spec);
+    expect_invalid_argument([&] { kc::ch07::validate_tensor_map(spec, "w"); }, "w's tensor map: " + rule);
+  };
+  expect_rule([](TensorMapSpec& s) { s.global_address = nullptr; }, "global_address must not be null");
+  expect_rule([&](TensorMapSpec& s) { s.global_address = buffer.data + 1; },
+              "global_address must be 16-byte aligned (TMA)");
+  expect_rule([](TensorMapSpec& s) { s.global_dim[1] = 0; }, "global_dim[1] (0) must be in [1, 2^32]");
+  expect_rule([](TensorMapSpec& s) { s.global_dim[0] = (std::uint64_t{1} << 32) + 1; },
+              "global_dim[0] (4294967297) must be in [1, 2^32]");
+  expect_rule([](TensorMapSpec& s) { s.row_stride_bytes = 2002; },
+              "row_stride_bytes (2002) must be a multiple of 16 (TMA; for bf16 rows, a multiple of 8 elements)");
+  expect_rule([](TensorMapSpec& s) { s.row_stride_bytes = 1024; },
+              "row_stride_bytes (1024) must be >= global_dim[0] * element_bytes (2048)");
+  expect_rule(
+      [](TensorMapSpec& s) {
+        s.global_dim[0] = 8;
+        s.row_stride_bytes = std::uint64_t{1} << 40;
+      },
+      "row_stride_bytes (1099511627776) must be < 2^40");
+  expect_rule([](TensorMapSpec& s) { s.box_dim[1] = 257; }, "box_dim[1] (257) must be in [1, 256]");
+  expect_rule([](TensorMapSpec& s) { s.box_dim[0] = 0; }, "box_dim[0] (0) must be in [1, 256]");
+  expect_rule(
+      [](TensorMapSpec& s) {
+        s.box_dim[0] = 12;
+        s.swizzle = kc::ch07::TensorMapSwizzle::none;
+      },
+      "box_dim[0] * element_bytes (24) must be a multiple of 16");
+  expect_rule([](TensorMapSpec& s) { s.box_dim[0] = 128; },
+              "box_dim[0] * element_bytes (256) must be <= the swizzle span (128 bytes)");
+  expect_rule([](TensorMapSpec& s) { s.element_bytes = 3; }, "element_bytes (3) must be 1, 2, 4 or 8");
+  // Without a swizzle a box row may be up to 256 elements.
+  TensorMapSpec wide = good_map(base);
+  wide.box_dim[0] = 128;
+  wide.swizzle = kc::ch07::TensorMapSwizzle::none;
+  EXPECT_NO_THROW(kc::ch07::validate_tensor_map(wide, "a"));
+}
+
+// Encoding validates first: a bad map is reported in the course's words, with no CUDA call.
+TEST(HopperTensorMaps, EncodeValidatesBeforeTheDriver) {
+  HostBuffer buffer;
+  TensorMapSpec spec = good_map(buffer.data);
+  spec.row_stride_bytes = 2050;
+  expect_invalid_argument([&] { kc::ch07::encode_tensor_map(spec, "a"); }, "a's tensor map: row_stride_bytes (2050)");
+}
+
+TEST(HopperTensorMaps, SwizzleSpans) {
+  EXPECT_EQ(kc::ch07::swizzle_span_bytes(kc::ch07::TensorMapSwizzle::none), 0u);
+  EXPECT_EQ(kc::ch07::swizzle_span_bytes(kc::ch07::TensorMapSwizzle::bytes32), 32u);
+  EXPECT_EQ(kc::ch07::swizzle_span_bytes(kc::ch07::TensorMapSwizzle::bytes64), 64u);
+  EXPECT_EQ(kc::ch07::swizzle_span_bytes(kc::ch07::TensorMapSwizzle::bytes128), 128u);
+}
+
+// ---------------------------------------------------------------- CPU: the maps the kernels use
+
+// Every (row, col) of a 64 × N wgmma tile is held by exactly one (thread, register) pair, the pairs
+// (i, i + 1) with even i are adjacent columns (so one bf16x2 store each), and warp w holds rows
+// 16w..16w+15 (the PTX ISA's fragment figure).
+TEST(HopperFragments, AccumulatorPositionsCoverTheTileOnce) {
+  for (int n : {128, 256}) {
+    SCOPED_TRACE("N = " + std::to_string(n));
+    std::set<std::pair<int, int>> seen;
+    for (int thread = 0; thread < 128; ++thread) {
+      for (int i = 0; i < n / 2; ++i) {
+        const auto at = kc::ch07::accumulator_position(thread, i);
+        ASSERT_GE(at.row, 0);
+        ASSERT_LT(at.row, 64);
+        ASSERT_GE(at.col, 0);
+        ASSERT_LT(at.col, n);
+        EXPECT_EQ(at.row / 16, thread / 32) << "warp " << thread / 32 << " owns 16 rows";
+        EXPECT_TRUE(seen.insert({at.row, at.col}).second) << "(" << at.row << ", " << at.col << ") twice";
+        if (i % 2 == 1) {
+          const auto left = kc::ch07::accumulator_position(thread, i - 1);
+          EXPECT_EQ(left.row, at.row);
+          EXPECT_EQ(left.col + 1, at.col);
+          EXPECT_EQ(left.col % 2, 0) << "pairs start on even columns: 4-byte aligned when N is even";
+        }
+      }
+    }
+    EXPECT_EQ(seen.size(), static_cast<std::size_t>(64 * n));
+  }
+  // Spot values from the fragment figure: thread 0 holds (0,0), (0,1), (8,0), (8,1), (0,8), ...
+  EXPECT_EQ(kc::ch07::accumulator_position(0, 2).row, 8);
+  EXPECT_EQ(kc::ch07::accumulator_position(0, 4).col, 8);
+  EXPECT_EQ(kc::ch07::accumulator_position(5, 0).row, 1);
+  EXPECT_EQ(kc::ch07::accumulator_position(5, 0).col, 2);
+}
+
+TEST(HopperFragments, SharedMemoryDescriptorFields) {
+  const std::uint32_t address = 0x1C400;  // a 1024-byte-aligned shared-memory address
+  const std::uint64_t d = kc::ch07::smem_descriptor_sw128(address);
+  EXPECT_EQ(d & 0x3FFF, address >> 4) << "start address >> 4 in bits 0-13";
+  EXPECT_EQ((d >> 16) & 0x3FFF, 1u) << "leading byte offset 16 >> 4";
+  EXPECT_EQ((d >> 32) & 0x3FFF, 64u) << "stride byte offset 1024 >> 4: the next 8 rows of 128 bytes";
+  EXPECT_EQ((d >> 49) & 0x7, 0u) << "base offset 0: tiles are 1024-byte aligned";
+  EXPECT_EQ(d >> 62, 1u) << "layout type 1: 128-byte swizzle";
+  // The k16 slices of a 64-wide row are 32 bytes apart: +2 in the address field.
+  EXPECT_EQ(kc::ch07::smem_descriptor_sw128(address + 32), d + 2);
+  // Only the 18 bits of a shared-memory address take part.
+  EXPECT_EQ(kc::ch07::smem_descriptor_sw128(address | 0xFFFC0000u), d);
+}
+
+TEST(HopperFragments, TileOriginsWalkRows) {
+  // 3 tiles per row: blocks 0, 1, 2 share rows 0..127; block 3 starts the next row of tiles.
+  EXPECT_EQ(kc::ch07::tile_origin(0, 3, 128, 256).m0, 0);
+  EXPECT_EQ(kc::ch07::tile_origin(2, 3, 128, 256).n0, 512);
+  EXPECT_EQ(kc::ch07::tile_origin(3, 3, 128, 256).m0, 128);
+  EXPECT_EQ(kc::ch07::tile_origin(3, 3, 128, 256).n0, 0);
+  EXPECT_EQ(kc::ch07::tile_origin(7, 3, 64, 128).m0, 128);
+  EXPECT_EQ(kc::ch07::tile_origin(7, 3, 64, 128).n0, 128);
+}
+
+// ---------------------------------------------------------------- GPU
+
+// The kernels are sm_90a code: sm_90 exactly (an sm_100 or sm_120 GPU cannot run them either).
+class HopperGpuTest : public kc::test::Sm90Test {
+ protected:
+  void SetUp() override {
+    kc::test::Sm90Test::SetUp();
+    if (IsSkipped()) return;
+    if (auto reason = kc::ch07::hopper_unsupported_reason(device().cc_major, device().cc_minor))
+      GTEST_SKIP() << *reason;
+    if (!kc::ch07::hopper_kernels_built()) GTEST_SKIP() << "built without sm_90a kernels (no 90 architecture)";
+  }
+};
+
+struct Inputs {
+  std::vector<bf16> a, w;
+};
+
+Inputs random_inputs(GemmShape s, std::uint64_t seed) {
+  Inputs in{std::vector<bf16>(static_cast<std::size_t>(s.m * s.k)),
+            std::vector<bf16>(static_cast<std::size_t>(s.n * s.k))};
+  kc::fill_uniform(std::span<bf16>(in.a), seed);
+  kc::fill_uniform(std::span<bf16>(in.w), seed + 1);
+  return in;
+}
+
+std::string shape_name(GemmShape s) {
+  return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
+}
+
+// Every element against the fp64 reference when that is cheap (up to 2^26 multiply-adds), otherwise
+// 2000 sampled elements plus the four corners (the last tiles' edges).
+kc::Comparison compare_with_reference(const Inputs& in, std::span<const bf16> c, GemmShape s, std::uint64_t seed) {
+  const std::vector<double> a = kc::ref::widen(std::span<const bf16>(in.a));
+  const std::vector<double> w = kc::ref::widen(std::span<const bf16>(in.w));
+  const auto m = static_cast<std::size_t>(s.m), n = static_cast<std::size_t>(s.n), k = static_cast<std::size_t>(s.k);
+  if (m * n * k <= (std::size_t{1} << 26)) {
+    return kc::compare<bf16>(c, kc::ref::matmul_nt(a, w, m, n, k), kc::test::kPoisonByte);
+  }
+  std::vector<std::size_t> picks = {0, n - 1, (m - 1) * n, m * n - 1};
+  for (std::uint64_t i = 0; i < 2000; ++i) picks.push_back(kc::splitmix64(seed ^ (i + 0x5EED)) % (m * n));
+  std::vector<bf16> got;
+  std::vector<double> ref;
+  for (std::size_t idx : picks) {
+    got.push_back(c[idx]);
+    ref.push_back(kc::ref::matmul_nt_element(a, w, k, idx / n, idx % n));
+  }
+  return kc::compare<bf16>(got, ref, kc::test::kPoisonByte);
+}
+
+// One step on one shape: poisoned C with a guard, every element written, nothing past the end,
+// fp64 reference (all or sampled), and for the larger shapes every element against cuBLAS.
+void check_step(HopperStep step, GemmShape s, bool against_cublas) {
+  SCOPED_TRACE(std::string(kc::ch07::to_string(step)) + ", M x N x K = " + shape_name(s));
+  const std::uint64_t seed = kc::test::test_seed();
+  const Inputs in = random_inputs(s, seed);
+  kc::DeviceBuffer<bf16> a(in.a), w(in.w);
+  kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
+  kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), c.data(), s);
+  kc::check(cudaDeviceSynchronize());
+
+  const std::vector<bf16> got = c.to_host();
+  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), 0u) << "elements never written";
+  EXPECT_EQ(c.guard_damage(), 0u) << "wrote past the end of c";
+  kc::test::expect_close(compare_with_reference(in, got, s, seed), kTolerance, "versus the fp64 reference");
+  if (against_cublas) {
+    kc::DeviceBuffer<bf16> vendor(got.size());
+    kc::ch02::CublasHandle cublas;
+    kc::ch02::cublas_gemm_bf16(cublas, a.data(), w.data(), vendor.data(), s);
+    kc::check(cudaDeviceSynchronize());
+    const std::vector<bf16> want = vendor.to_host();
+    std::vector<double> want_wide(want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) want_wide[i] = kc::to_double(want[i]);
+    kc::test::expect_close(kc::compare<bf16>(got, want_wide, kc::test::kPoisonByte), kTolerance,
+                           "versus cuBLAS on every element");
+  }
+}
+
+struct ShapeCase {
+  GemmShape shape;
+  bool large;  // skipped under KC_SMALL_TESTS (compute-sanitizer runs)
+};
+
+const ShapeCase kShapes[] = {
+    {{1, 8, 16}, false},         // one row, K one k16 slice (the rest of the 64-wide box zero-filled)
+    {{1, 1, 8}, false},          // N = 1 (odd: element stores), K = 8 (the smallest TMA row)
+    {{1, 300, 72}, false},       // 1 × N: one token
+    {{200, 8, 136}, false},      // M × 8: a thin output, most of every W box zero-filled
+    {{127, 131, 64}, false},     // not multiples of any tile, odd N
+    {{129, 257, 520}, false},    // one past the 128 × 256 tile in M and N; K tail of 8
+    {{65, 129, 1000}, false},    // one past step 1's 64 × 128 tile; 16 slices: every pipeline wraps
+    {{300, 520, 4104}, true},    // 65 slices, over 16 rounds of step 2's 7 stages and step 3's 4
+    {{1000, 1500, 2056}, true},  // a few waves of blocks, every tile edge again
+    {{4096, 4096, 4096}, true},  // a goal shape
+};
+
+void PrintTo(const ShapeCase& c, std::ostream* os) { *os << shape_name(c.shape); }
+
+}  // namespace
+
+namespace kc::ch07 {
+// Test names and failure messages show the step's name (found by argument-dependent lookup).
+void PrintTo(HopperStep step, std::ostream* os) { *os << to_string(step); }
+}  // namespace kc::ch07
+
+namespace {
+
+class HopperGemmGpu : public HopperGpuTest, public ::testing::WithParamInterface<std::tuple<HopperStep, ShapeCase>> {};
+
+TEST_P(HopperGemmGpu, MatchesReferenceAndCublas) {
+  const auto& [step, shape_case] = GetParam();
+  if (shape_case.large && kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
+  check_step(step, shape_case.shape, shape_case.large);
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, HopperGemmGpu,
+                         ::testing::Combine(::testing::ValuesIn(kSteps), ::testing::ValuesIn(kShapes)),
+                         [](const ::testing::TestParamInfo<std::tuple<HopperStep, ShapeCase>>& info) {
+                           return std::string(kc::ch07::to_string(std::get<0>(info.param))) + "_" +
+                                  shape_name(std::get<1>(info.param).shape);
+                         });
+
+// Random shapes: M and N in [1, 700], K a multiple of 8 in [8, 1200], for every step.
+TEST_F(HopperGpuTest, RandomShapes) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (int i = 0; i < 6; ++i) {
+    const GemmShape s{1 + static_cast<std::int64_t>(kc::uniform01(seed, 3 * i) * 700),
+                      1 + static_cast<std::int64_t>(kc::uniform01(seed, 3 * i + 1) * 700),
+                      8 * (1 + static_cast<std::int64_t>(kc::uniform01(seed, 3 * i + 2) * 150))};
+    for (HopperStep step : kSteps) check_step(step, s, false);
+  }
+}
+
+// c only 2-byte aligned (an odd element offset) and N even: the launch must fall back to element
+// stores, and still write every element.
+TEST_F(HopperGpuTest, OddOutputOffsetUsesElementStores) {
+  const GemmShape s{70, 130, 64};
+  const Inputs in = random_inputs(s, kc::test::test_seed());
+  kc::DeviceBuffer<bf16> a(in.a), w(in.w);
+  kc::test::GuardedOutput<bf16> storage(static_cast<std::size_t>(s.m * s.n) + 1);
+  for (HopperStep step : kSteps) {
+    storage.poison();
+    kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), storage.data() + 1, s);
+    kc::check(cudaDeviceSynchronize());
+    const std::vector<bf16> all = storage.to_host();
+    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(all.data(), 1), kc::test::kPoisonByte), 1u)
+        << kc::ch07::to_string(step) << " wrote before c";
+    const std::span<const bf16> got(all.data() + 1, all.size() - 1);
+    kc::test::expect_close(compare_with_reference(in, got, s, 0), kTolerance, kc::ch07::to_string(step));
+    EXPECT_EQ(storage.guard_damage(), 0u);
+  }
+}
+
+// Graph capture (global mode: any synchronisation or allocation in the launch path fails it) and
+// bitwise repeatability, for every step.
+TEST_F(HopperGpuTest, GraphCapturableAndRepeatable) {
+  const GemmShape s{257, 300, 1032};
+  const Inputs in = random_inputs(s, kc::test::test_seed());
+  kc::DeviceBuffer<bf16> a(in.a), w(in.w);
+  kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
+  for (HopperStep step : kSteps) {
+    SCOPED_TRACE(kc::ch07::to_string(step));
+    kc::test::LaunchUnderTest run{
+        [&](cudaStream_t stream) { kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), c.data(), s, stream); },
+        [&] { c.poison(); },
+        [&] {
+          const std::vector<bf16> host = c.to_host();
+          const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
+          return std::vector<unsigned char>(bytes, bytes + host.size() * sizeof(bf16));
+        }};
+    kc::test::expect_graph_capturable(run);
+    kc::test::expect_bitwise_repeatable(run);
+  }
+}
+
+// On a GPU that is not sm_90 the launch says what it needs (and launches nothing).
+class HopperGemmOtherGpu : public kc::test::GpuTest {};
+
+TEST_F(HopperGemmOtherGpu, SaysWhatItNeeds) {
+  if (!kc::ch07::hopper_unsupported_reason(device().cc_major, device().cc_minor)) {
+    GTEST_SKIP() << "this GPU is sm_90: the kernels run here (the other GPU tests cover it)";
+  }
+  kc::DeviceBuffer<bf16> a(64), w(64), c(64);
+  c.fill_bytes(kc::test::kPoisonByte);
+  try {
+    kc::ch07::gemm_bf16_hopper(a.data(), w.data(), c.data(), {8, 8, 8});
+    ADD_FAILURE() << "expected kc::ch07::UnsupportedGpu";
+  } catch (const kc::ch07::UnsupportedGpu& e) {
+    EXPECT_NE(std::string(e.what()).find("sm_90"), std::string::npos) << e.what();
+  }
+  const std::vector<bf16> after = c.to_host();
+  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(after), kc::test::kPoisonByte), after.size()) << "nothing written";
+}
+
+}  // namespace
