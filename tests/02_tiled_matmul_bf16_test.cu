@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_gemm_problems.hpp"
 #include "gemm_bf16.hpp"
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"
@@ -32,6 +33,10 @@ using kc::ch02::GemmBf16Tile;
 using kc::ch02::GemmShape;
 using kc::ch02::MmaPeakConfig;
 using kc::test::expect_invalid_argument;
+using kc::test::bf16_gemm::compare_with_reference;
+using kc::test::bf16_gemm::Inputs;
+using kc::test::bf16_gemm::random_inputs;
+using kc::test::bf16_gemm::shape_name;
 
 constexpr double kTolerance = 1e-2;        // see the top of the file
 constexpr std::size_t kH200Smem = 232448;  // cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90 (227 KiB)
@@ -332,44 +337,6 @@ TEST(MmaPeakArguments, RejectsBadConfig) {
 }
 
 // ---------------------------------------------------------------- GPU
-
-// Inputs, launch and check for one shape: random A and W (uniform in [-1, 1), rounded to bf16),
-// poisoned C with a guard region, comparison with the fp64 reference of the bf16 inputs.
-struct Inputs {
-  std::vector<bf16> a, w;
-};
-
-Inputs random_inputs(GemmShape s, std::uint64_t seed) {
-  Inputs in{std::vector<bf16>(static_cast<std::size_t>(s.m * s.k)),
-            std::vector<bf16>(static_cast<std::size_t>(s.n * s.k))};
-  kc::fill_uniform(std::span<bf16>(in.a), seed);
-  kc::fill_uniform(std::span<bf16>(in.w), seed + 1);
-  return in;
-}
-
-// Every element when the reference is cheap (m·n·k up to 2^26 multiply-adds), otherwise 2000 elements
-// drawn from (seed) plus the four corners, which the boundary masks decide.
-kc::Comparison compare_with_reference(const Inputs& in, std::span<const bf16> c, GemmShape s, std::uint64_t seed) {
-  const std::vector<double> a = kc::ref::widen(std::span<const bf16>(in.a));
-  const std::vector<double> w = kc::ref::widen(std::span<const bf16>(in.w));
-  const auto m = static_cast<std::size_t>(s.m), n = static_cast<std::size_t>(s.n), k = static_cast<std::size_t>(s.k);
-  if (m * n * k <= (std::size_t{1} << 26)) {
-    return kc::compare<bf16>(c, kc::ref::matmul_nt(a, w, m, n, k), kc::test::kPoisonByte);
-  }
-  std::vector<std::size_t> picks = {0, n - 1, (m - 1) * n, m * n - 1};
-  for (std::uint64_t i = 0; i < 2000; ++i) picks.push_back(kc::splitmix64(seed ^ (i + 0x5EED)) % (m * n));
-  std::vector<bf16> got;
-  std::vector<double> ref;
-  for (std::size_t idx : picks) {
-    got.push_back(c[idx]);
-    ref.push_back(kc::ref::matmul_nt_element(a, w, k, idx / n, idx % n));
-  }
-  return kc::compare<bf16>(got, ref, kc::test::kPoisonByte);
-}
-
-std::string shape_name(GemmShape s) {
-  return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
-}
 
 // Runs `launch` (gemm_bf16 or one tile) on random inputs and checks every aspect of the output.
 template <typename Launch>

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "bf16_gemm_problems.hpp"
 #include "hopper_gemm.hpp"
 #include "hopper_tiles.hpp"
 #include "kc/compare.hpp"
@@ -36,6 +37,10 @@ using kc::ch07::GemmShape;
 using kc::ch07::HopperStep;
 using kc::ch07::TensorMapSpec;
 using kc::test::expect_invalid_argument;
+using kc::test::bf16_gemm::compare_with_reference;
+using kc::test::bf16_gemm::Inputs;
+using kc::test::bf16_gemm::random_inputs;
+using kc::test::bf16_gemm::shape_name;
 
 constexpr double kTolerance = 1e-2;  // see the top of the file
 constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma, HopperStep::pipeline, HopperStep::warp_specialized};
@@ -363,42 +368,6 @@ class HopperGpuTest : public kc::test::Sm90Test {
     if (!kc::ch07::hopper_kernels_built()) GTEST_SKIP() << "built without sm_90a kernels (no 90 architecture)";
   }
 };
-
-struct Inputs {
-  std::vector<bf16> a, w;
-};
-
-Inputs random_inputs(GemmShape s, std::uint64_t seed) {
-  Inputs in{std::vector<bf16>(static_cast<std::size_t>(s.m * s.k)),
-            std::vector<bf16>(static_cast<std::size_t>(s.n * s.k))};
-  kc::fill_uniform(std::span<bf16>(in.a), seed);
-  kc::fill_uniform(std::span<bf16>(in.w), seed + 1);
-  return in;
-}
-
-std::string shape_name(GemmShape s) {
-  return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
-}
-
-// Every element against the fp64 reference when that is cheap (up to 2^26 multiply-adds), otherwise
-// 2000 sampled elements plus the four corners (the last tiles' edges).
-kc::Comparison compare_with_reference(const Inputs& in, std::span<const bf16> c, GemmShape s, std::uint64_t seed) {
-  const std::vector<double> a = kc::ref::widen(std::span<const bf16>(in.a));
-  const std::vector<double> w = kc::ref::widen(std::span<const bf16>(in.w));
-  const auto m = static_cast<std::size_t>(s.m), n = static_cast<std::size_t>(s.n), k = static_cast<std::size_t>(s.k);
-  if (m * n * k <= (std::size_t{1} << 26)) {
-    return kc::compare<bf16>(c, kc::ref::matmul_nt(a, w, m, n, k), kc::test::kPoisonByte);
-  }
-  std::vector<std::size_t> picks = {0, n - 1, (m - 1) * n, m * n - 1};
-  for (std::uint64_t i = 0; i < 2000; ++i) picks.push_back(kc::splitmix64(seed ^ (i + 0x5EED)) % (m * n));
-  std::vector<bf16> got;
-  std::vector<double> ref;
-  for (std::size_t idx : picks) {
-    got.push_back(c[idx]);
-    ref.push_back(kc::ref::matmul_nt_element(a, w, k, idx / n, idx % n));
-  }
-  return kc::compare<bf16>(got, ref, kc::test::kPoisonByte);
-}
 
 // One step on one shape: poisoned C with a guard, every element written, nothing past the end,
 // fp64 reference (all or sampled), and for the larger shapes every element against cuBLAS.
