@@ -11,7 +11,13 @@
 // written once (4 T E + 8 T k + 4 E for fp32); limit copies half that many bytes, so the bytes it
 // moves (read + write) are the same number.
 // Inputs rotate over enough sets to exceed twice the L2; small cases are timed as batches.
+//
+// KC_TUNE=1 registers the tuning cases instead (for docs/notes, not for the results tables):
+// ch04/tune_fused_v3 (Version 3 of the fused softmax kernel, which the packed-key kernel replaced),
+// ch04/tune_fused_v4 (the packed-key kernel, the same as `after`) and ch04/tune_limit, at
+// T = 65536 and 4096, E = 256, k = 8, so one run compares them.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -30,7 +36,7 @@ double min_bytes(const kc::ch04::GatingParams& p) {
   return 4.0 * t * p.num_experts + 8.0 * t * p.k + 4.0 * p.num_experts;
 }
 
-enum class Variant { before, after_fused, after_separate, limit };
+enum class Variant { before, after_fused, after_separate, limit, fused_v3 };
 
 void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v) {
   const auto t = static_cast<std::size_t>(p.num_tokens);
@@ -69,6 +75,7 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::after_separate:
         kc::ch04::gating_after(p, set_logits, bias_ptr, out, stream, kc::ch04::CountMode::separate_kernel);
         break;
+      case Variant::fused_v3: kc::ch04::tune::gating_after_v3(p, set_logits, out, stream); break;
       case Variant::limit: {
         // A copy of n bytes reads n and writes n: n = min_bytes / 2 moves exactly min_bytes.
         const auto n = static_cast<std::size_t>(bytes / 2);
@@ -101,7 +108,35 @@ void register_case(const kc::DeviceInfo& device, const std::string& label, const
   }
 }
 
+// The tuning cases: the previous fused kernel against the current one and the copy, same inputs.
+void register_tuning(const kc::DeviceInfo& device) {
+  for (std::int64_t t : {std::int64_t{65536}, std::int64_t{4096}}) {
+    kc::ch04::GatingParams p;
+    p.num_tokens = t;
+    p.num_experts = 256;
+    p.k = 8;
+    p.renormalize = true;
+    const std::string label = "fp32_T" + std::to_string(t) + "_E256_k8";
+    labels.push_back(label);
+    const struct {
+      const char* name;
+      Variant v;
+    } variants[] = {
+        {"tune_fused_v3", Variant::fused_v3}, {"tune_fused_v4", Variant::after_fused}, {"tune_limit", Variant::limit}};
+    for (const auto& v : variants) {
+      const std::string name = "ch04/" + std::string(v.name) + "/" + label;
+      kc::bench::configure(benchmark::RegisterBenchmark(
+          name.c_str(), [&device, p, variant = v.v](benchmark::State& s) { bench_case(s, device, p, variant); }));
+    }
+  }
+  kc::bench::check_case_labels(labels);
+}
+
 void register_benchmarks(const kc::DeviceInfo& device) {
+  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
+    register_tuning(device);
+    return;
+  }
   const std::int64_t tokens[] = {1, 16, 256, 4096, 65536};
   const int shapes[][2] = {{8, 2}, {64, 6}, {128, 8}, {256, 8}, {384, 8}};
   for (std::int64_t t : tokens) {

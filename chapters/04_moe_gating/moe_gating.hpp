@@ -137,6 +137,19 @@ void gating_after(const GatingParams& params, const __nv_bfloat16* logits, const
                   const GatingOutputs& out, cudaStream_t stream = nullptr,
                   CountMode count_mode = CountMode::fused_atomics);
 
+namespace tune {
+/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run
+/// through Version 3 of the fused softmax kernel (full 32-bit keys, two redux.sync a round), which
+/// the packed-key kernel replaced, so one GPU run can measure both (docs/notes/ch04.md). Softmax
+/// scorings only; throws kc::InvalidArgument for deepseek_v3 or bad @p params.
+/// @param params shape and options
+/// @param logits [T, E] fp32 logits
+/// @param out outputs
+/// @param stream the stream to enqueue on
+void gating_after_v3(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                     cudaStream_t stream = nullptr);
+}  // namespace tune
+
 /// The fp64 CPU reference's result.
 struct GatingReference {
   std::vector<double> weights;       ///< [T, k]

@@ -12,7 +12,9 @@
 // occupancy API), and each warp issues the loads of its next row before it selects on the current
 // one: a row is always in flight per warp, instead of nothing while the warp computes.
 //
-// Selection. A value becomes an unsigned key with the order we want (gating_device.cuh: larger
+// Selection (the DeepSeek-V3 kernel, Version 3 of the softmax kernel, and the softmax kernel's
+// exact fallback; the softmax kernel itself packs the id into the key, see "Version 4" below).
+// A value becomes an unsigned key with the order we want (gating_device.cuh: larger
 // value = larger key, NaN below -Inf, taken experts 0). One round finds the segment's best key and,
 // among lanes holding that key, the lowest expert id: that is the tie rule, and it makes the order
 // total, so every run and every path agrees bit for bit.
@@ -255,8 +257,13 @@ struct SoftmaxArgs {
   bool full_softmax;  // softmax_then_topk without renormalisation: denominator over all E
 };
 
+// Version 3 of the softmax kernel: selection on full 32-bit keys, two redux.sync a round (a max
+// over keys, then a min over the ids holding it). No longer the chapter's `after`: it is kept so
+// that the benchmark's tuning cases (KC_TUNE=1, ch04/tune_fused_v3/...) can measure it against
+// Version 4 below in the same run. Version 4 also falls back to its selection (select_top_k) for
+// the rare rows where packed keys cannot decide.
 template <typename T, int L, int N, int V>
-__global__ void __launch_bounds__(kThreads) fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a) {
+__global__ void __launch_bounds__(kThreads) fused_softmax_topk_v3(const T* __restrict__ logits, SoftmaxArgs a) {
   constexpr int kRounds = 32 < L * N ? 32 : L * N;  // k <= min(E, 32) <= L * N
   constexpr int kSlots = kRounds / L;               // output slots a lane stores
   __shared__ int histogram[kMaxExperts];
@@ -328,6 +335,296 @@ __global__ void __launch_bounds__(kThreads) fused_softmax_topk(const T* __restri
         a.weights[out] = denominator > 0.0f ? mass[s] / denominator : 0.0f;
         a.ids[out] = slot[s].id;
         if (a.counts != nullptr) atomicAdd(histogram + slot[s].id, 1);
+      }
+    }
+  }
+  flush_histogram(histogram, a.num_experts, a.counts);
+}
+
+// ---------------------------------------------------------------- Version 4: packed keys
+//
+// Version 3 spent ~473 SASS instructions a row at E = 256, k = 8 (docs/notes/ch04.md, Session 5):
+// a round was two dependent redux.sync plus the bookkeeping of a separate id next to every key.
+// Version 4 puts the id inside the key. A packed key is one unsigned number,
+//
+//     2^31 + (sign * magnitude, its low b bits cleared) + (2^b - 1 - id),       b = log2(L * N),
+//
+// whose high 32 - b bits (the "prefix") follow the logit's order, -0 and +0 alike, and whose low
+// b bits are larger for a lower id. No two experts of a row share a packed key, so the largest
+// packed key is the winner, tie rule included: one redux.sync max a round at L = 32 (one shuffle
+// and one max per butterfly step at L < 32), and a lane's best two are plain unsigned max/min.
+//
+// The price: the prefix no longer sees the logit's b lowest bits, so two fp32 logits within 2^b
+// ulps of each other can share a prefix and then rank by id. That can only change the answer when
+// two consecutive winners (the k-th and the (k+1)-th included) share a prefix, so the rounds run
+// once more to find the (k+1)-th, and such a row is redone exactly with the full keys (Version 3's
+// select_top_k). For random fp32 rows that is about one row in a hundred; tie-heavy rows always
+// take it, and stay exact. bf16 logits have 16 zero low bits: their prefix is the whole key, so
+// they never need it. The weights are computed from the winners' logits reloaded by id (a cache
+// hit: the row was just read), never from the shortened keys.
+
+// Bits of a packed key that hold the id: the segment holds L * N experts (a power of two).
+template <int L, int N>
+__host__ __device__ constexpr int id_bits() {
+  int b = 0;
+  while ((1 << b) < L * N) ++b;
+  return b;
+}
+
+// The packed key of value j of segment lane seg_lane (its expert is expert_of<L, V>(j, seg_lane)).
+// Four instructions: a shift, a LOP3, two adds. Taking the two's complement of the sign-magnitude
+// float (xor with the sign mask, subtract it) sends -0 and +0 to the same number, without the
+// x + 0.0f of order_bits. NaN and padding are fixed afterwards by fix_packed_keys (rare).
+template <int L, int V, int kIdBits>
+__device__ __forceinline__ unsigned packed_key(float x, int j, int seg_lane) {
+  constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
+  const unsigned bits = __float_as_uint(x);
+  const unsigned sign = static_cast<unsigned>(static_cast<int>(bits) >> 31);  // all ones if negative
+  const unsigned ordered = ((bits & 0x7FFFFFFFu & ~kIdMask) ^ sign) - sign;   // +-magnitude, low b bits 0
+  // The id's three parts (vector j / V, lane, element j % V) occupy disjoint bits, so 2^b - 1 - id
+  // is an xor, and adding it to `ordered` (low bits 0) is an xor too: one LOP3 with the lane's part.
+  const unsigned lane_part = static_cast<unsigned>(expert_of<L, V>(0, seg_lane));
+  const unsigned value_part = static_cast<unsigned>(expert_of<L, V>(j, 0));
+  return ordered ^ (0x80000000u | kIdMask ^ value_part) ^ lane_part;
+}
+
+// The slow path of the keys, for a warp where some lane holds a NaN or padding: a NaN gets the
+// prefix of kNanKey (below -Inf, all NaNs equal, so the id decides), padding gets 0, which loses
+// to every expert. The id bits of a NaN's key are already right.
+template <int L, int N, int V, int kIdBits>
+__device__ __forceinline__ void fix_packed_keys(const float (&x)[N], int num_experts, int seg_lane,
+                                                unsigned (&packed)[N]) {
+  constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const bool nan = (__float_as_uint(x[j]) & 0x7FFFFFFFu) > 0x7F800000u;
+    if (nan) packed[j] = (kNanKey << kIdBits) | (packed[j] & kIdMask);
+    if (expert_of<L, V>(j, seg_lane) >= num_experts) packed[j] = kTakenKey;
+  }
+}
+
+// The largest two of u[kFirst, kFirst + kCount): pairs, then merges of sorted pairs, all unsigned
+// max/min (one instruction each): the ids ride inside the keys. 20 instructions for 8 keys.
+template <int kFirst, int kCount, int N>
+__device__ __forceinline__ void top2_packed(const unsigned (&u)[N], unsigned& hi, unsigned& lo) {
+  if constexpr (kCount == 1) {
+    hi = u[kFirst];
+    lo = kTakenKey;
+  } else {
+    unsigned a_hi, a_lo, b_hi, b_lo;
+    top2_packed<kFirst, kCount / 2>(u, a_hi, a_lo);
+    top2_packed<kFirst + kCount / 2, kCount - kCount / 2>(u, b_hi, b_lo);
+    hi = max(a_hi, b_hi);
+    lo = max(min(a_hi, b_hi), max(a_lo, b_lo));  // the loser of the leaders, or the better runner-up
+  }
+}
+
+// The segment's largest packed key, known to all its lanes.
+template <int L>
+__device__ __forceinline__ unsigned segment_max(unsigned key) {
+  if constexpr (L == 32) {
+    return __reduce_max_sync(kFullMask, key);
+  } else {
+#pragma unroll
+    for (int offset = L / 2; offset > 0; offset /= 2) key = max(key, __shfl_xor_sync(kFullMask, key, offset));
+    return key;
+  }
+}
+
+// The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
+// untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
+// r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
+template <int L, int N, int kIdBits, int kSlots>
+__device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N], int seg_lane, int k,
+                                                    unsigned (&slot)[kSlots]) {
+  constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
+  unsigned c1, c2;
+  top2_packed<0, N>(packed, c1, c2);
+  unsigned best;
+  unsigned previous = 0;  // prefix 0: never equal to a winner's, which is a number or NaN
+  bool shared_prefix = false;
+#pragma unroll 1
+  for (int r = 0;; ++r) {
+    best = segment_max<L>(c1);
+    // L = 32 checks once after the rounds (below): 3 instructions a round saved.
+    if constexpr (L < 32) shared_prefix = shared_prefix || (best ^ previous) <= kIdMask;
+    if (r == k) break;  // round k only finds the (k+1)-th
+    previous = best;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (r == s * L + seg_lane) slot[s] = best;
+    }
+    const bool won = c1 == best;
+    const bool dry = won && c1 == c2;  // won, and no second candidate known
+    c1 = won ? c2 : c1;                // after a win c1 == c2: "no second" until a rescan
+    if (__any_sync(kFullMask, dry)) {
+      // The lane's best two below the last winner: the winners so far are exactly the keys >= best.
+      unsigned below[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) below[j] = packed[j] < best ? packed[j] : kTakenKey;
+      top2_packed<0, N>(below, c1, c2);
+    }
+  }
+  if constexpr (L == 32) {
+    // Lane r holds winner r (kSlots == 1): compare it with lane r + 1's, lane k - 1 with the
+    // (k+1)-th, which is the last `best`.
+    const unsigned right = __shfl_down_sync(kFullMask, slot[0], 1);
+    const unsigned next = seg_lane + 1 == k ? best : right;
+    shared_prefix = seg_lane < k && (slot[0] ^ next) <= kIdMask;
+  }
+  return shared_prefix;
+}
+
+// The exact fallback for rows where packed keys cannot decide: k rounds on the full 32-bit keys,
+// each a scan of the lane's keys for its best (a strict > keeps the lower id on ties), the two
+// redux.sync of segment_best (max key, then min id among the lanes holding it), and the winner
+// marked taken. About four times the instructions of a packed round and few registers, for about
+// one row in a hundred.
+template <int L, int N, int V, int kSlots>
+__device__ __forceinline__ void select_top_k_exact(unsigned (&key)[N], int seg_lane, int k, int (&id)[kSlots]) {
+#pragma unroll 1
+  for (int r = 0; r < k; ++r) {
+    Candidate mine = kNone;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if (key[j] > mine.key) mine = {key[j], expert_of<L, V>(j, seg_lane)};
+    }
+    const Candidate best = segment_best<L>(mine);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (r == s * L + seg_lane) id[s] = best.id;
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if (expert_of<L, V>(j, seg_lane) == best.id) key[j] = kTakenKey;
+    }
+  }
+}
+
+// Loads one row like load_row, but never predicated: rows past the end read the last row (the
+// caller clamps) and padding reads the row's first vector, so every register is defined and no
+// NaN fill is needed. fix_packed_keys turns padding into kTakenKey.
+template <typename T, int L, int N, int V>
+__device__ __forceinline__ void load_row_clamped(const T* row_logits, int num_experts, int seg_lane, float (&x)[N]) {
+#pragma unroll
+  for (int c = 0; c < N / V; ++c) {
+    const int first = expert_of<L, V>(c * V, seg_lane);
+    float v[V];
+    load_vector<T, V>(row_logits + (first < num_experts ? first : 0), v);
+#pragma unroll
+    for (int i = 0; i < V; ++i) x[c * V + i] = v[i];
+  }
+}
+
+// exp(x - m) for x <= m: __expf is one multiply and one MUFU.EX2 (relative error a few 1e-7 for
+// the arguments that matter, far inside the tests' 1e-5); expf's range reduction costs ~8
+// instructions more. -Inf gives 0.
+__device__ __forceinline__ float exp_below_max(float x, float m) { return __expf(x - m); }
+
+// Softmax numerator with the chapter's policy, branch-free: NaN weighs 0; when m is +Inf only the
+// +Inf logits weigh (1 each: x == m); when m is -Inf or NaN (nothing above -Inf) everything weighs 0.
+__device__ __forceinline__ float softmax_mass_fast(float x, float m) {
+  const float mass = x == m ? 1.0f : exp_below_max(x, m);
+  return (x == x && m > -__int_as_float(0x7f800000)) ? mass : 0.0f;
+}
+
+template <typename T, int L, int N, int V>
+__global__ void __launch_bounds__(kThreads) fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a) {
+  constexpr int kIdBits = id_bits<L, N>();
+  constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
+  constexpr int kRounds = 32 < L * N ? 32 : L * N;  // k <= min(E, 32) <= L * N
+  constexpr int kSlots = kRounds / L;               // output slots a lane stores
+  // bf16 keys have 16 zero low bits: the prefix is the whole key, so packed keys are always exact.
+  constexpr bool kMayShareExactPrefix = sizeof(T) == 4;
+  __shared__ int histogram[kMaxExperts];
+  clear_histogram(histogram, a.num_experts);
+
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int seg_lane = lane % L;
+  constexpr int kRowsPerWarp = 32 / L;
+  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock * kRowsPerWarp;
+  // The lane's last vector is its highest expert: past E means the lane holds padding.
+  const bool lane_has_padding = expert_of<L, V>(N - V, seg_lane) >= a.num_experts;
+  // Rows past the end (a partial last warp when L < 32, and the prefetch after the last row) read
+  // the last row instead: valid memory, and their results are never stored.
+  const auto row_start = [&](std::int64_t row) {
+    return logits + (row < a.num_tokens ? row : a.num_tokens - 1) * a.num_experts;
+  };
+
+  float x[N];  // the row this iteration works on, loaded one iteration ahead (software pipeline)
+  load_row_clamped<T, L, N, V>(row_start(warp * kRowsPerWarp + lane / L), a.num_experts, seg_lane, x);
+  // The loop bound is the same for the whole warp, so every lane reaches every shuffle.
+  for (std::int64_t first_row = warp * kRowsPerWarp; first_row < a.num_tokens; first_row += row_stride) {
+    // The warp is converged here (the bound is warp-uniform); saying so lets ptxas drop its
+    // "is the warp diverged?" check (BRA.DIV, two instructions) before every redux.sync and vote.
+    __syncwarp();
+    const std::int64_t row = first_row + lane / L;
+    const T* row_logits = row_start(row);
+    unsigned packed[N];
+    bool odd = lane_has_padding;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      packed[j] = packed_key<L, V, kIdBits>(x[j], j, seg_lane);
+      odd = odd || x[j] != x[j];
+    }
+    if (__any_sync(kFullMask, odd)) fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, seg_lane, packed);
+    load_row_clamped<T, L, N, V>(row_start(row + row_stride), a.num_experts, seg_lane, x);  // next row
+
+    unsigned slot[kSlots] = {};  // lanes past k keep 0 and store nothing
+    const bool shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
+    int id[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) id[s] = static_cast<int>(~slot[s] & kIdMask);
+    if (kMayShareExactPrefix && __any_sync(kFullMask, shared_prefix)) {
+      // Rare: redo the warp's rows with the full 32-bit keys.
+      float y[N];
+      load_row<T, L, N, V>(row_logits, true, a.num_experts, seg_lane, y);
+      unsigned key[N];
+      to_keys<L, N, V>(
+          y, true, a.num_experts, seg_lane, [](float v, int) { return v; }, key);
+      select_top_k_exact<L, N, V>(key, seg_lane, a.k, id);
+    }
+
+    // Weights from the winners' own logits, reloaded by id. Round 0's winner (segment lane 0,
+    // slot 0) is the row's largest non-NaN logit whenever the row has one.
+    float value[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      value[s] = s * L + seg_lane < a.k ? detail::to_float(row_logits[id[s]]) : __int_as_float(0x7FC00000);
+    }
+    const float row_max = L == 1 ? value[0] : __shfl_sync(kFullMask, value[0], lane - seg_lane);
+    float mass[kSlots];
+    float partial = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      mass[s] = softmax_mass_fast(value[s], row_max);
+      partial += mass[s];
+    }
+    if (a.full_softmax) {  // the denominator is over all E experts: reread the row (a cache hit)
+      partial = 0.0f;
+#pragma unroll
+      for (int c = 0; c < N / V; ++c) {
+        const int first = expert_of<L, V>(c * V, seg_lane);
+        if (first >= a.num_experts) continue;  // padding weighs 0
+        float v[V];
+        load_vector<T, V>(row_logits + first, v);
+#pragma unroll
+        for (int i = 0; i < V; ++i) partial += softmax_mass_fast(v[i], row_max);
+      }
+    }
+    const float denominator = segment_sum<L>(partial);
+
+    if (row < a.num_tokens) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        const int r = s * L + seg_lane;
+        if (r >= a.k) break;
+        const std::int64_t out = row * a.k + r;
+        // __fdividef is exact enough here: the denominator is in [1, 512] (the top winner weighs 1).
+        a.weights[out] = denominator > 0.0f ? __fdividef(mass[s], denominator) : 0.0f;
+        a.ids[out] = id[s];
+        if (a.counts != nullptr) atomicAdd(histogram + id[s], 1);
       }
     }
   }
@@ -534,29 +831,30 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices]) {
   return blocks;
 }
 
-template <typename T, int L, int N, int V>
+// kVersion3: the previous kernel, for the benchmark's tuning cases only.
+template <typename T, int L, int N, int V, bool kVersion3>
 void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) {
   static std::atomic<int> cache[kCachedDevices];
-  const auto kernel = fused_softmax_topk<T, L, N, V>;
+  const auto kernel = kVersion3 ? fused_softmax_topk_v3<T, L, N, V> : fused_softmax_topk<T, L, N, V>;
   const unsigned blocks = grid_for(a.num_tokens, kWarpsPerBlock * (32 / L), blocks_per_sm(kernel, cache));
   kernel<<<blocks, kThreads, 0, stream>>>(logits, a);
 }
 
-template <typename T, int V>
+template <typename T, int V, bool kVersion3>
 void dispatch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) {
   // The smallest layout that holds E: one thread per row for E <= 8, a warp per row from 129 on.
   const int e = a.num_experts;
   if (e <= 8) {
-    launch_softmax<T, 1, 8, V>(logits, a, stream);
+    launch_softmax<T, 1, 8, V, kVersion3>(logits, a, stream);
   } else if (e <= 64) {
     // E <= 32 too: an L = 4 segment needs 8 output slots a lane (k <= 32), which spilled on sm_80.
-    launch_softmax<T, 8, 8, V>(logits, a, stream);
+    launch_softmax<T, 8, 8, V, kVersion3>(logits, a, stream);
   } else if (e <= 128) {
-    launch_softmax<T, 16, 8, V>(logits, a, stream);
+    launch_softmax<T, 16, 8, V, kVersion3>(logits, a, stream);
   } else if (e <= 256) {
-    launch_softmax<T, 32, 8, V>(logits, a, stream);
+    launch_softmax<T, 32, 8, V, kVersion3>(logits, a, stream);
   } else {
-    launch_softmax<T, 32, 16, V>(logits, a, stream);
+    launch_softmax<T, 32, 16, V, kVersion3>(logits, a, stream);
   }
 }
 
@@ -572,7 +870,7 @@ void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, cudaStream_t stre
   }
 }
 
-template <typename T>
+template <typename T, bool kVersion3 = false>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
   validate_gating(p, logits, bias, out);
@@ -589,6 +887,9 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   // 16-byte vectors when every row starts 16-byte aligned; otherwise one element per load.
   constexpr int kVector = 16 / sizeof(T);
   const bool vector = p.num_experts % kVector == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
+  if (kVersion3 && p.scoring == Scoring::deepseek_v3) {
+    throw InvalidArgument("scoring must be softmax_then_topk or topk_then_softmax for the Version 3 kernel");
+  }
   if (p.scoring == Scoring::deepseek_v3) {
     const DeepSeekArgs a{bias,          out.weights, out.ids,   kernel_counts, p.num_tokens,
                          p.num_experts, p.k,         p.n_group, p.topk_group,  p.routed_scaling_factor};
@@ -601,7 +902,8 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
                         p.num_experts,
                         p.k,
                         p.scoring == Scoring::softmax_then_topk && !p.renormalize};
-    vector ? dispatch_softmax<T, kVector>(logits, a, stream) : dispatch_softmax<T, 1>(logits, a, stream);
+    vector ? dispatch_softmax<T, kVector, kVersion3>(logits, a, stream)
+           : dispatch_softmax<T, 1, kVersion3>(logits, a, stream);
   }
   check_launch();
   if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
@@ -623,5 +925,13 @@ void gating_after(const GatingParams& params, const __nv_bfloat16* logits, const
                   const GatingOutputs& out, cudaStream_t stream, CountMode count_mode) {
   gating_after_impl(params, logits, correction_bias, out, stream, count_mode);
 }
+
+namespace tune {
+
+void gating_after_v3(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
+  gating_after_impl<float, true>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+}
+
+}  // namespace tune
 
 }  // namespace kc::ch04
