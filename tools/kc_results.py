@@ -1045,11 +1045,71 @@ def figure_text(results: Optional[ChapterResults], chapter: Chapter, name: str) 
     return ", ".join(parts)
 
 
+# A goal ratio in a lesson: the median time of one variant over another's on one case, with the
+# range the repetitions allow (slowest over fastest, fastest over slowest):
+#   <!-- kc:ratio ch03/bf16_M16_N4096_K7168_bias_gelu_res/before/after -->...<!-- /kc:ratio -->
+# reads "before / after"; "1.13 × (1.10–1.16)" means after is 1.13 times as fast as before.
+_RATIO_RE = re.compile(r"(<!-- kc:ratio (\S+) -->)(.*?)(<!-- /kc:ratio -->)")
+# The share of the extra time a fused variant removes: (t_before - t_after) / (t_before - t_base),
+#   <!-- kc:removed ch03/case/before/after/step0_gemm_only -->...<!-- /kc:removed -->
+# reads "76 % ± 12" (one standard deviation from the repetitions): 100 % means after takes no
+# longer than base.
+_REMOVED_RE = re.compile(r"(<!-- kc:removed (\S+) -->)(.*?)(<!-- /kc:removed -->)")
+
+
+def _split_derived(name: str, parts: int, marker: str) -> Tuple[str, str, List[str]]:
+    """Splits ``chNN/case/variant...`` into chapter, case and ``parts`` variants."""
+    fields = name.split("/")
+    if len(fields) != 2 + parts or not re.fullmatch(r"ch\d\d", fields[0]) or not all(fields):
+        raise ResultsError("kc:%s %s: expected chNN/case/%s" % (marker, name, "/".join(["variant"] * parts)))
+    return fields[0], fields[1], fields[2:]
+
+
+def _measured_times(results: Optional[ChapterResults], case: str,
+                    variants: Sequence[str]) -> Optional[List[Measurement]]:
+    found = [results.find(case, v) if results is not None else None for v in variants]
+    if any(m is None or not m.measured for m in found):
+        return None
+    return found  # type: ignore[return-value]
+
+
+def ratio_text(results: Optional[ChapterResults], name: str) -> str:
+    """The text of a kc:ratio marker (see _RATIO_RE)."""
+    _, case, (top, bottom) = _split_derived(name, 2, "ratio")
+    found = _measured_times(results, case, [top, bottom])
+    if found is None:
+        return "not yet measured"
+    a, b = found
+    low = (a.min_s or a.time_s) / (b.max_s or b.time_s)
+    high = (a.max_s or a.time_s) / (b.min_s or b.time_s)
+    return "%.2f × (%.2f–%.2f)" % (a.time_s / b.time_s, low, high)
+
+
+def removed_text(results: Optional[ChapterResults], name: str) -> str:
+    """The text of a kc:removed marker (see _REMOVED_RE): the share at the medians, ± one standard
+    deviation propagated from each variant's coefficient of variation. When the extra time is
+    small next to the run-to-run noise the ± says so (it can exceed the share itself)."""
+    _, case, variants = _split_derived(name, 3, "removed")
+    found = _measured_times(results, case, variants)
+    if found is None:
+        return "not yet measured"
+    before, after, base = found
+    extra = before.time_s - base.time_s
+    if extra <= 0:
+        return "no extra time to remove (before is not slower than %s)" % variants[2]
+    share = (before.time_s - after.time_s) / extra
+    sigma = [(m.cv or 0.0) * m.time_s for m in (before, after, base)]
+    # d share / d before, d after, d base
+    slopes = [(after.time_s - base.time_s) / extra ** 2, -1.0 / extra, (before.time_s - after.time_s) / extra ** 2]
+    spread = math.sqrt(sum((d * s) ** 2 for d, s in zip(slopes, sigma)))
+    return "%.0f %% ± %.0f" % (100 * share, 100 * spread)
+
+
 def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
                  others: Optional[Callable[[str], Tuple[Optional[ChapterResults], Optional[Chapter]]]] = None) -> str:
-    """Replaces the content of every inline figure marker in ``text``. A marker names its chapter
-    (``chNN/variant/case``): figures of ``chapter`` come from ``results``, figures of another
-    chapter (a lesson quoting an earlier one) from ``others(chapter_id)`` when given."""
+    """Replaces the content of every inline figure, ratio and removed-share marker in ``text``. A
+    marker names its chapter (``chNN/...``): figures of ``chapter`` come from ``results``, figures
+    of another chapter (a lesson quoting an earlier one) from ``others(chapter_id)`` when given."""
     def replace(mt: "re.Match[str]") -> str:
         name = mt.group(2)
         figure_chapter = name.split("/", 1)[0]
@@ -1060,7 +1120,25 @@ def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
             raise ResultsError("kc:fig %s: %s is not in tools/chapters.json" % (name, figure_chapter))
         return mt.group(1) + figure_text(other_results, other_chapter, name) + mt.group(4)
 
-    return _FIGURE_RE.sub(replace, text)
+    def results_of(marker_chapter: str, name: str, marker: str) -> Optional[ChapterResults]:
+        if marker_chapter == chapter.id or others is None:
+            return results
+        other_results, other_chapter = others(marker_chapter)
+        if other_chapter is None:
+            raise ResultsError("kc:%s %s: %s is not in tools/chapters.json" % (marker, name, marker_chapter))
+        return other_results
+
+    def replace_ratio(mt: "re.Match[str]") -> str:
+        name = mt.group(2)
+        return mt.group(1) + ratio_text(results_of(name.split("/", 1)[0], name, "ratio"), name) + mt.group(4)
+
+    def replace_removed(mt: "re.Match[str]") -> str:
+        name = mt.group(2)
+        return mt.group(1) + removed_text(results_of(name.split("/", 1)[0], name, "removed"), name) + mt.group(4)
+
+    text = _FIGURE_RE.sub(replace, text)
+    text = _RATIO_RE.sub(replace_ratio, text)
+    return _REMOVED_RE.sub(replace_removed, text)
 
 
 def lesson_updates(results_dir: str, readme_path: str, chapters: Sequence[Chapter]) -> Dict[str, Tuple[str, str]]:
@@ -1076,7 +1154,7 @@ def lesson_updates(results_dir: str, readme_path: str, chapters: Sequence[Chapte
         if lesson_begin_marker(chapter.id) in current:
             block = render_lesson_block(results_dir, path, chapter)
             expected = replace_marked_block(expected, block, lesson_begin_marker(chapter.id), LESSON_END)
-        if _FIGURE_RE.search(expected):
+        if _FIGURE_RE.search(expected) or _RATIO_RE.search(expected) or _REMOVED_RE.search(expected):
             index = _chapter_index(chapters)
 
             def others(chapter_id: str) -> Tuple[Optional[ChapterResults], Optional[Chapter]]:

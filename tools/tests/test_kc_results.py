@@ -536,6 +536,45 @@ class CrossChapterFigureTest(unittest.TestCase):
             kr.fill_figures(text, None, ch05, lambda cid: (None, None))
 
 
+class DerivedMarkerTest(unittest.TestCase):
+    """kc:ratio and kc:removed: goal ratios and shares computed from the results, never typed."""
+
+    @staticmethod
+    def results(times):
+        """A ChapterResults of ch03 with one case and {variant: (median, min, max)} times."""
+        measurements = [kr.Measurement(name="ch03/%s/caseA" % v, chapter="ch03", variant=v, case="caseA",
+                                       source="x.json", time_s=t, min_s=lo, max_s=hi)
+                        for v, (t, lo, hi) in times.items()]
+        return kr.ChapterResults("ch03", [kr.BenchFile("x.json", {}, measurements)], {}, True)
+
+    def test_ratio_and_its_range(self):
+        r = self.results({"before": (30.0, 29.0, 31.0), "after": (25.0, 24.0, 26.0)})
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/before/after"), "1.20 × (1.12–1.29)")
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/before/vendor"), "not yet measured")
+        self.assertEqual(kr.ratio_text(None, "ch03/caseA/before/after"), "not yet measured")
+        with self.assertRaises(kr.ResultsError):
+            kr.ratio_text(r, "ch03/caseA/before")
+
+    def test_removed_share_and_its_spread(self):
+        r = self.results({"before": (40.0, 40.0, 40.0), "after": (32.0, 31.0, 33.0), "base": (30.0, 30.0, 30.0)})
+        self.assertEqual(kr.removed_text(r, "ch03/caseA/before/after/base"), "80 % ± 0")
+        for m in r.files[0].measurements:
+            m.cv = {"before": 0.0, "after": 0.05, "base": 0.0}[m.variant]  # after: 1.6 of 32
+        # d share / d after = -1 / 10: 1.6 µs of noise is 16 points of share.
+        self.assertEqual(kr.removed_text(r, "ch03/caseA/before/after/base"), "80 % ± 16")
+        flat = self.results({"before": (30.0, 30.0, 30.0), "after": (30.0, 30.0, 30.0), "base": (31.0, 31.0, 31.0)})
+        self.assertIn("no extra time", kr.removed_text(flat, "ch03/caseA/before/after/base"))
+        with self.assertRaises(kr.ResultsError):
+            kr.removed_text(r, "ch03/caseA/before/after")
+
+    def test_lesson_markers_are_filled(self):
+        r = self.results({"before": (30.0, 29.0, 31.0), "after": (25.0, 24.0, 26.0)})
+        ch03 = kr.Chapter(id="ch03", dir="03_fused_epilogue", title="Fused", metric="bandwidth")
+        text = "x <!-- kc:ratio ch03/caseA/before/after -->typed<!-- /kc:ratio --> y"
+        self.assertEqual(kr.fill_figures(text, r, ch03),
+                         "x <!-- kc:ratio ch03/caseA/before/after -->1.20 × (1.12–1.29)<!-- /kc:ratio --> y")
+
+
 class SummaryTest(unittest.TestCase):
     def test_summary_of_both_versions(self):
         status, out, _ = run_main(["summary", data("gbench_1.7.json"), data("gbench_1.8.json")])
