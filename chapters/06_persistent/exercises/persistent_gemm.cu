@@ -10,7 +10,7 @@
 //      tile's copies overwrite the shared memory the last one read).
 //        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
 //        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
-//        stream_k: whole tiles round-robin, then this block's range of the last waves' k-slices;
+//        stream_k: whole tiles round-robin, then this block's range of the last wave's k-slices;
 //                  split tiles go through fp32 partials and a fixed-order fix-up (below).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
@@ -34,8 +34,8 @@ using ch02::block::NoEpilogue;
 using ch05::kBlockM;
 using ch05::kBlockN;
 
-constexpr int kPrefixThreads = ch05::kMaxExperts;                // one expert per thread
-[[maybe_unused]] constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile (TODO 3 uses it)
+constexpr int kPrefixThreads = ch05::kMaxExperts;  // one expert per thread
+constexpr int kTileFloats = kBlockM * kBlockN;     // one fp32 partial tile
 
 // Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
 struct WorkspaceLayout {
@@ -107,30 +107,61 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 }
 
 // The fix-up of a split tile, run by its last contributor to arrive: C = round(Σ partials), the
-// partials added in contributor order (= k order), whoever arrived when. Four outputs per step.
+// partials added in contributor order (= k order), whoever arrived when.
+//
+// This runs at the very end of a block's work, on the critical path, so it is written for memory-
+// level parallelism: each thread owns kGroupsPerThread groups of 4 outputs and fetches a batch of
+// them from one contributor's partial with independent loads before adding any. A loop of one group
+// at a time (load, add, store, next) waits a whole L2 round trip per group and contributor: 16 × 2–3
+// round trips of ~0.5 µs, several µs per split tile. A tile of the Stream-K wave can have up to
+// 11 contributors on the benchmark's cases (11 × 64 KiB to read), so the loads must keep the SM's
+// path to L2 full. Partials cover the whole tile (zeros past C), so the loads need no masks; only
+// the stores do.
 template <class Cfg>
 __device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_tile, const TilePlace& t) {
   const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
   constexpr int kGroupsPerRow = kBlockN / 4;
-  for (int g = static_cast<int>(threadIdx.x); g < kBlockM * kGroupsPerRow; g += Cfg::threads) {
-    const int r = g / kGroupsPerRow, col = g % kGroupsPerRow * 4;
-    if (r >= t.rows_left || col >= t.cols_left) continue;
-    const int at = r * kBlockN + col;
+  constexpr int kGroups = kBlockM * kGroupsPerRow;
+  static_assert(kGroups % Cfg::threads == 0, "every thread owns the same number of groups");
+  constexpr int kGroupsPerThread = kGroups / Cfg::threads;
+  // 16 float4 sums (64 registers) and 16 loads in flight per thread: 64 KiB per block per round trip,
+  // about what one SM's L2 bandwidth moves in one (the main loop's registers are free by now).
+  constexpr int kBatch = kGroupsPerThread < 16 ? kGroupsPerThread : 16;
+  static_assert(kGroupsPerThread % kBatch == 0, "whole batches");
+  for (int batch = 0; batch < kGroupsPerThread; batch += kBatch) {
     // __ldcg: from L2, never from this SM's L1, which may hold nothing of other blocks' writes.
-    float4 sum = __ldcg(reinterpret_cast<const float4*>(
-        p.partials + static_cast<std::int64_t>(partial_slot(plan, first, sk_tile)) * kTileFloats + at));
+    const auto partial_of = [&](int block) {
+      return reinterpret_cast<const float4*>(
+                 p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats) +
+             batch * Cfg::threads + threadIdx.x;
+    };
+    float4 sum[kBatch];
+    const float4* first_part = partial_of(first);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) sum[i] = __ldcg(first_part + i * Cfg::threads);
     for (int b = first + 1; b <= last; ++b) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(
-          p.partials + static_cast<std::int64_t>(partial_slot(plan, b, sk_tile)) * kTileFloats + at));
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
+      const float4* part = partial_of(b);
+      float4 v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = __ldcg(part + i * Cfg::threads);
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        sum[i].x += v[i].x;
+        sum[i].y += v[i].y;
+        sum[i].z += v[i].z;
+        sum[i].w += v[i].w;
+      }
     }
-    __nv_bfloat16* out = p.c + static_cast<std::int64_t>(t.row0 + r) * p.n + t.col0 + col;
-    const int room = t.cols_left - col;
-    ch02::block::store_pair(out, sum.x, sum.y, room, p.paired);
-    ch02::block::store_pair(out + 2, sum.z, sum.w, room - 2, p.paired);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int g = (batch + i) * Cfg::threads + static_cast<int>(threadIdx.x);
+      const int r = g / kGroupsPerRow, col = g % kGroupsPerRow * 4;
+      if (r >= t.rows_left || col >= t.cols_left) continue;
+      __nv_bfloat16* out = p.c + static_cast<std::int64_t>(t.row0 + r) * p.n + t.col0 + col;
+      const int room = t.cols_left - col;
+      ch02::block::store_pair(out, sum[i].x, sum[i].y, room, p.paired);
+      ch02::block::store_pair(out + 2, sum[i].z, sum[i].w, room - 2, p.paired);
+    }
   }
 }
 
@@ -178,7 +209,9 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
     if (block < tiles) whole_tile<Cfg>(p, block, m_tiles);
   } else {
     const int k_tiles = (p.k - 1) / ch02::block::kBlockK + 1;
-    const StreamKPlan plan = stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent);
+    const StreamKPlan plan = kScheduler == Scheduler::stream_k
+                                 ? stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent)
+                                 : split_k_tail_plan(tiles, k_tiles, grid, p.max_tail_percent);
     // TODO 3: walk this block's units (units_of_block / unit_of_block): whole units through
     // whole_tile<Cfg>, split ones through stream_k_unit<Cfg>, with a barrier after each unit.
     // TODO 4 is inside stream_k_unit: the arrival count that elects the tile's fix-up block.
@@ -191,8 +224,8 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
 struct DeviceLimits {
   std::size_t smem_per_block_optin = 0;
   int sms = 0;
-  bool medium4 = false;  // MediumTile4 fits (else MediumTile3)
-  int slots[3] = {};     // SMs × blocks per SM, per Scheduler
+  bool medium4 = false;         // MediumTile4 fits (else MediumTile3)
+  int slots[kSchedulers] = {};  // SMs × blocks per SM, per Scheduler
 };
 
 template <class Cfg, Scheduler kScheduler>
@@ -210,6 +243,7 @@ void prepare_kernels(DeviceLimits& limits) {
   limits.slots[0] = prepare_kernel<Cfg, Scheduler::static_round_robin>(limits.sms);
   limits.slots[1] = prepare_kernel<Cfg, Scheduler::dynamic_atomic>(limits.sms);
   limits.slots[2] = prepare_kernel<Cfg, Scheduler::stream_k>(limits.sms);
+  limits.slots[3] = prepare_kernel<Cfg, Scheduler::split_k_tail>(limits.sms);
 }
 
 // Queried once per device; later calls only read the cache (no attribute or occupancy calls
@@ -247,6 +281,9 @@ void launch_persistent(Scheduler scheduler, int grid, const Problem& p, cudaStre
     case Scheduler::stream_k:
       persistent_kernel<Cfg, Scheduler::stream_k><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
       break;
+    case Scheduler::split_k_tail:
+      persistent_kernel<Cfg, Scheduler::split_k_tail><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      break;
   }
 }
 
@@ -254,13 +291,16 @@ void launch_persistent(Scheduler scheduler, int grid, const Problem& p, cudaStre
 
 int persistent_slots(Scheduler scheduler) {
   const int index = static_cast<int>(scheduler);
-  if (index < 0 || index > 2) throw InvalidArgument("scheduler (" + std::to_string(index) + ") is not a Scheduler");
+  if (index < 0 || index >= kSchedulers) {
+    throw InvalidArgument("scheduler (" + std::to_string(index) + ") is not a Scheduler");
+  }
   return current_device_limits().slots[index];
 }
 
 std::size_t grouped_gemm_persistent_workspace_bytes(const GroupedGemmShape& shape) {
   int grid = 1;
-  for (Scheduler s : {Scheduler::static_round_robin, Scheduler::dynamic_atomic, Scheduler::stream_k}) {
+  for (Scheduler s :
+       {Scheduler::static_round_robin, Scheduler::dynamic_atomic, Scheduler::stream_k, Scheduler::split_k_tail}) {
     grid = std::max(grid, persistent_grid(shape, s));
   }
   return persistent_workspace_bytes(shape, grid);
@@ -276,7 +316,7 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
                              std::size_t workspace_bytes, const PersistentOptions& options, cudaStream_t stream) {
   ch05::validate_grouped_gemm(shape, a, w, c, offsets);
   const int index = static_cast<int>(options.scheduler);
-  if (index < 0 || index > 2) {
+  if (index < 0 || index >= kSchedulers) {
     throw InvalidArgument("options.scheduler (" + std::to_string(index) + ") is not a Scheduler");
   }
   const int grid = persistent_grid(shape, options.scheduler);
