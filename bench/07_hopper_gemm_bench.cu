@@ -2,8 +2,10 @@
 //
 // Cases: square 2048, 4096, 6144, 8192 and the MoE-like 4096×4096×7168 and 8192×7168×2048 (M×N×K),
 // bf16 in and out, fp32 accumulation. Goal cases: bf16_M4096_N4096_K4096 and bf16_M8192_N8192_K8192.
-// Variants: before (Chapter 2's gemm_bf16, mma.sync), step1_tma_wgmma, step2_pipeline, after (step 3,
-// warp specialization; the chapter's final kernel for now), vendor (cuBLAS GemmEx, fp32 accumulate).
+// Variants: before (Chapter 2's gemm_bf16, mma.sync), step1_tma_wgmma, step2_pipeline,
+// step3_warp_specialized, step4_persistent, step5_cluster_multicast, after (the chapter's final kernel,
+// step 5: the same kernel as step5_cluster_multicast, measured again as a check of the run's spread),
+// vendor (cuBLAS GemmEx, fp32 accumulate).
 // pytorch (torch.nn.functional.linear) comes from tools/pytorch_baselines.py.
 //
 // Counters: bytes_per_second from the fewest bytes (A, W, C once each) and flops = 2·M·N·K, the same
@@ -11,8 +13,8 @@
 // Compare variants with --benchmark_enable_random_interleaving and several repetitions (gpu_suite.sh
 // does): the goal is a ratio of medians.
 //
-// Run time at --benchmark_repetitions=5, estimated for an H200: 30 benchmarks × 5 repetitions × ~0.6 s
-// (MinTime 0.5 s of launches of 0.02-2 ms, plus filling up to ~1 GB of rotating inputs) ≈ 90 s.
+// Run time at --benchmark_repetitions=5, estimated for an H200: 48 benchmarks × 5 repetitions × ~0.6 s
+// (MinTime 0.5 s of launches of 0.02-2 ms, plus filling up to ~1 GB of rotating inputs) ≈ 145 s.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -107,6 +109,9 @@ void register_benchmarks(const kc::DeviceInfo& device) {
         [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) { kc::ch02::gemm_bf16(a, w, c, s, q); });
     add("ch07/step1_tma_wgmma/" + label, shape, step(HopperStep::tma_wgmma));
     add("ch07/step2_pipeline/" + label, shape, step(HopperStep::pipeline));
+    add("ch07/step3_warp_specialized/" + label, shape, step(HopperStep::warp_specialized));
+    add("ch07/step4_persistent/" + label, shape, step(HopperStep::persistent));
+    add("ch07/step5_cluster_multicast/" + label, shape, step(HopperStep::cluster_multicast));
     add("ch07/after/" + label, shape, [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
       kc::ch07::gemm_bf16_hopper(a, w, c, s, q);
     });

@@ -1,6 +1,7 @@
-// Chapter 7 tests: the Hopper GEMM ladder (TMA, wgmma, warp specialization).
+// Chapter 7 tests: the Hopper GEMM ladder (TMA, wgmma, warp specialization, persistence, clusters).
 // CPU tests (argument rules, tensor-map descriptions and their rules, the step table, the
-// accumulator and descriptor maps the kernels use) run everywhere. GPU tests need an sm_90 GPU (the
+// accumulator and descriptor maps the kernels use, the persistent steps' tile orders, grids, pipeline
+// counters and cluster byte counts) run everywhere. GPU tests need an sm_90 GPU (the
 // kernels are sm_90a code) and skip with the reason elsewhere.
 //
 // Tolerance 1e-2 relative Frobenius (the course's bf16 rule): against the fp64 reference of the bf16
@@ -43,7 +44,8 @@ using kc::test::bf16_gemm::random_inputs;
 using kc::test::bf16_gemm::shape_name;
 
 constexpr double kTolerance = 1e-2;  // see the top of the file
-constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma, HopperStep::pipeline, HopperStep::warp_specialized};
+constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma, HopperStep::pipeline, HopperStep::warp_specialized,
+                                 HopperStep::persistent, HopperStep::cluster_multicast};
 
 // 16-byte-aligned host storage for validation tests: the rules only look at addresses.
 struct alignas(16) HostBuffer {
@@ -181,6 +183,24 @@ TEST(HopperSteps, Table) {
   EXPECT_EQ(s3.stages, 4);
   EXPECT_EQ(s3.stage_bytes, 49152);
 
+  const auto s4 = kc::ch07::hopper_step_info(HopperStep::persistent);
+  EXPECT_EQ(s4.block_m, 128);
+  EXPECT_EQ(s4.block_n, 256);
+  EXPECT_EQ(s4.threads, 384);
+  EXPECT_EQ(s4.stages, 4);
+  EXPECT_EQ(s4.cluster_m, 1);
+  EXPECT_TRUE(s4.persistent);
+  EXPECT_FALSE(s3.persistent);
+
+  const auto s5 = kc::ch07::hopper_step_info(HopperStep::cluster_multicast);
+  EXPECT_EQ(s5.block_m, 128);
+  EXPECT_EQ(s5.block_n, 256);
+  EXPECT_EQ(s5.threads, 384);
+  EXPECT_EQ(s5.stages, 4);
+  EXPECT_EQ(s5.stage_bytes, 49152) << "a stage still holds the whole W tile: half loaded here, half by the peer";
+  EXPECT_EQ(s5.cluster_m, 2);
+  EXPECT_TRUE(s5.persistent);
+
   for (HopperStep step : kSteps) {
     const auto info = kc::ch07::hopper_step_info(step);
     SCOPED_TRACE(kc::ch07::to_string(step));
@@ -199,7 +219,9 @@ TEST(HopperSteps, Names) {
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::tma_wgmma), "step1_tma_wgmma");
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::pipeline), "step2_pipeline");
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::warp_specialized), "step3_warp_specialized");
-  EXPECT_EQ(kc::ch07::kAfterStep, HopperStep::warp_specialized);
+  EXPECT_STREQ(kc::ch07::to_string(HopperStep::persistent), "step4_persistent");
+  EXPECT_STREQ(kc::ch07::to_string(HopperStep::cluster_multicast), "step5_cluster_multicast");
+  EXPECT_EQ(kc::ch07::kAfterStep, HopperStep::cluster_multicast);
 }
 
 // ---------------------------------------------------------------- CPU: tensor maps
@@ -221,9 +243,10 @@ TEST(HopperTensorMaps, OperandMapsOfEachStep) {
     EXPECT_EQ(maps.w.global_address, w.data);
     EXPECT_EQ(maps.w.global_dim[0], 1032u);
     EXPECT_EQ(maps.w.global_dim[1], 1000u) << "W's rows: N";
-    EXPECT_EQ(maps.w.box_dim[1], static_cast<std::uint32_t>(info.block_n));
-    EXPECT_EQ(static_cast<int>(maps.a.box_bytes() + maps.w.box_bytes()), info.stage_bytes)
-        << "the full barrier expects both boxes, zero-filled parts included";
+    EXPECT_EQ(maps.w.box_dim[1], static_cast<std::uint32_t>(info.block_n / info.cluster_m))
+        << "with a cluster, each CTA loads its slice of the W tile";
+    EXPECT_EQ(static_cast<int>(maps.a.box_bytes() + info.cluster_m * maps.w.box_bytes()), info.stage_bytes)
+        << "the full barrier expects A and every W slice, zero-filled parts included";
     EXPECT_NO_THROW(kc::ch07::validate_tensor_map(maps.a, "a"));
     EXPECT_NO_THROW(kc::ch07::validate_tensor_map(maps.w, "w"));
   }
@@ -355,6 +378,157 @@ TEST(HopperFragments, TileOriginsWalkRows) {
   EXPECT_EQ(kc::ch07::tile_origin(7, 3, 64, 128).n0, 128);
 }
 
+// ---------------------------------------------------------------- CPU: the persistent steps' maps
+
+// Every tile of a tiles_m × tiles_n grid exactly once, for tile counts that are and are not
+// multiples of the band height (including a last band of one m-tile, and one row or column).
+TEST(HopperPersistent, GroupedOrderIsABijection) {
+  for (int tiles_m : {1, 2, 3, 7, 16, 17, 32, 33, 64}) {
+    for (int tiles_n : {1, 2, 5, 16, 28, 31}) {
+      for (int group_m : {1, 2, 3, 8, 16, 100}) {
+        SCOPED_TRACE(std::to_string(tiles_m) + " x " + std::to_string(tiles_n) + ", group_m " +
+                     std::to_string(group_m));
+        std::vector<int> seen(static_cast<std::size_t>(tiles_m * tiles_n), 0);
+        for (int t = 0; t < tiles_m * tiles_n; ++t) {
+          const auto c = kc::ch07::grouped_tile_order(t, tiles_m, tiles_n, group_m);
+          ASSERT_GE(c.m_tile, 0);
+          ASSERT_LT(c.m_tile, tiles_m);
+          ASSERT_GE(c.n_tile, 0);
+          ASSERT_LT(c.n_tile, tiles_n);
+          ++seen[static_cast<std::size_t>(c.m_tile * tiles_n + c.n_tile)];
+        }
+        for (int count : seen) ASSERT_EQ(count, 1);
+      }
+    }
+  }
+}
+
+TEST(HopperPersistent, GroupedOrderWalksBandsColumnByColumn) {
+  // The drawing in hopper_tiles.hpp: 3 × 4 tiles, bands of 2 m-tiles.
+  const int expect_m[] = {0, 1, 0, 1, 0, 1, 0, 1, 2, 2, 2, 2};
+  const int expect_n[] = {0, 0, 1, 1, 2, 2, 3, 3, 0, 1, 2, 3};
+  for (int t = 0; t < 12; ++t) {
+    const auto c = kc::ch07::grouped_tile_order(t, 3, 4, 2);
+    EXPECT_EQ(c.m_tile, expect_m[t]) << "tile " << t;
+    EXPECT_EQ(c.n_tile, expect_n[t]) << "tile " << t;
+  }
+  // 4096³ with 128 × 256 tiles (32 × 16) and the kernels' band of 16: the first 132 tiles (one per
+  // SM) cover 16 m-tiles and 9 n-tiles, not the 9 m-tiles and 16 n-tiles of the row-major order.
+  std::set<int> ms, ns;
+  for (int t = 0; t < 132; ++t) {
+    const auto c = kc::ch07::grouped_tile_order(t, 32, 16, kc::ch07::kGroupM);
+    ms.insert(c.m_tile);
+    ns.insert(c.n_tile);
+  }
+  EXPECT_EQ(ms.size(), 16u);
+  EXPECT_EQ(ns.size(), 9u);
+  // A huge band (group_m · tiles_n beyond int) still works: one band, column by column.
+  const auto far = kc::ch07::grouped_tile_order(5, 3, 1 << 30, 1 << 30);
+  EXPECT_EQ(far.m_tile, 2);
+  EXPECT_EQ(far.n_tile, 1);
+}
+
+// Step 5: the cluster's CTAs together cover every tile once; the only member tiles past the last
+// m-tile are rank 1's in the last cluster row when tiles_m is odd (one per n-tile).
+TEST(HopperPersistent, ClusterMembersCoverEveryTileOnce) {
+  constexpr int kClusterM = kc::ch07::kStep5Tile.cluster_m;
+  for (int tiles_m : {1, 2, 3, 15, 16, 17, 33, 64}) {
+    for (int tiles_n : {1, 3, 16, 28}) {
+      SCOPED_TRACE(std::to_string(tiles_m) + " x " + std::to_string(tiles_n));
+      const std::int64_t cluster_tiles = kc::ch07::cluster_tile_count(tiles_m, tiles_n, kClusterM);
+      EXPECT_EQ(cluster_tiles, static_cast<std::int64_t>((tiles_m + 1) / 2) * tiles_n);
+      std::vector<int> seen(static_cast<std::size_t>(tiles_m * tiles_n), 0);
+      int without_rows = 0;
+      for (int ct = 0; ct < cluster_tiles; ++ct) {
+        const auto upper = kc::ch07::cluster_member_tile(ct, 0, tiles_m, tiles_n, kc::ch07::kGroupM, kClusterM);
+        const auto lower = kc::ch07::cluster_member_tile(ct, 1, tiles_m, tiles_n, kc::ch07::kGroupM, kClusterM);
+        EXPECT_EQ(upper.n_tile, lower.n_tile) << "both CTAs need the same W tile: that is what they share";
+        EXPECT_EQ(upper.m_tile % 2, 0);
+        EXPECT_EQ(lower.m_tile, upper.m_tile + 1);
+        ASSERT_LT(upper.m_tile, tiles_m) << "rank 0 always has rows of C";
+        ++seen[static_cast<std::size_t>(upper.m_tile * tiles_n + upper.n_tile)];
+        if (lower.m_tile < tiles_m) {
+          ++seen[static_cast<std::size_t>(lower.m_tile * tiles_n + lower.n_tile)];
+        } else {
+          ++without_rows;
+          EXPECT_EQ(lower.m_tile, tiles_m) << "only the row just past the end";
+        }
+      }
+      for (int count : seen) ASSERT_EQ(count, 1);
+      EXPECT_EQ(without_rows, tiles_m % 2 == 1 ? tiles_n : 0);
+    }
+  }
+}
+
+TEST(HopperPersistent, Grids) {
+  // Step 4: one block per SM, fewer when there are fewer tiles, never none.
+  EXPECT_EQ(kc::ch07::persistent_grid(512, 132), 132);
+  EXPECT_EQ(kc::ch07::persistent_grid(128, 132), 128);
+  EXPECT_EQ(kc::ch07::persistent_grid(1, 132), 1);
+  EXPECT_EQ(kc::ch07::persistent_grid(std::int64_t{1} << 40, 132), 132);
+  EXPECT_EQ(kc::ch07::persistent_grid(10, 0), 1) << "a device query of 0 still launches a block";
+  // Step 5: whole clusters, at most the resident ones, at most one per cluster tile, never none.
+  EXPECT_EQ(kc::ch07::cluster_grid(32, 16, 2, 66), 132) << "4096³: 256 cluster tiles, 66 resident clusters";
+  EXPECT_EQ(kc::ch07::cluster_grid(32, 16, 2, 64), 128) << "a GPC with an odd SM left over: fewer clusters";
+  EXPECT_EQ(kc::ch07::cluster_grid(1, 1, 2, 66), 2) << "one tile: one cluster, rank 1 without rows";
+  EXPECT_EQ(kc::ch07::cluster_grid(3, 5, 2, 66), 20) << "ceil(3 / 2) · 5 = 10 cluster tiles";
+  EXPECT_EQ(kc::ch07::cluster_grid(16, 8, 2, 0), 2) << "a query of 0 still launches one cluster";
+  for (int tiles_m = 1; tiles_m < 40; ++tiles_m) {
+    for (int resident : {1, 7, 66}) {
+      const int grid = kc::ch07::cluster_grid(tiles_m, 3, 2, resident);
+      EXPECT_EQ(grid % 2, 0) << "a grid is whole clusters";
+      EXPECT_GE(grid, 2);
+      EXPECT_LE(grid / 2, resident);
+      EXPECT_LE(grid / 2, kc::ch07::cluster_tile_count(tiles_m, 3, 2)) << "no cluster without a tile";
+    }
+  }
+}
+
+// Step 5's full barrier: what each CTA expects must equal what lands in it. The bytes that land are
+// simulated here sender by sender (its own A box; each rank's W slice, multicast to both), the
+// expectation is the kernel's cluster_stage_bytes.
+TEST(HopperPersistent, ClusterStageBytesMatchWhatLands) {
+  constexpr auto tile = kc::ch07::kStep5Tile;
+  EXPECT_EQ(tile.w_box_rows(), 128);
+  EXPECT_EQ(tile.w_box_bytes(), 16384);
+  EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, true, 0, 4096), 49152) << "an inner tile: A + both W halves";
+  EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, true, 0, 8), 32768) << "N = 8: the second W half lies outside W";
+  EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, false, 0, 4096), 32768) << "no rows of C: W only, no A";
+  EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, false, 512, 520), 16384) << "neither A nor the second half";
+  EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, true, 512, 641), 49152) << "one row of the second half is in W";
+  EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, true, 512, 640), 32768) << "the second half starts at row N";
+  // The last n-tile of the largest N (2^31 - 1): its second half starts at row 0x7FFFFF80.
+  EXPECT_FALSE(kc::ch07::w_slice_in_matrix(tile, 1, 0x7FFFFF00, 0x7FFFFF80));
+  EXPECT_TRUE(kc::ch07::w_slice_in_matrix(tile, 1, 0x7FFFFF00, 0x7FFFFFFF));
+  for (int n : {1, 8, 129, 255, 256, 257, 300, 520, 1000}) {
+    for (int n_tile = 0; n_tile * tile.block_n < n; ++n_tile) {
+      const int n0 = n_tile * tile.block_n;
+      int w_landing = 0;  // sent by each rank whose slice starts inside W, to both CTAs
+      for (int rank = 0; rank < tile.cluster_m; ++rank) {
+        if (n0 + rank * tile.w_box_rows() < n) w_landing += tile.w_box_rows() * kc::ch07::kBlockK * 2;
+      }
+      for (bool has_rows : {true, false}) {
+        EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, has_rows, n0, n), (has_rows ? tile.a_box_bytes() : 0) + w_landing)
+            << "n " << n << ", n0 " << n0 << ", has_rows " << has_rows;
+      }
+    }
+  }
+}
+
+// The pipeline counters the persistent kernels carry across tiles: after i slices, stage i mod S,
+// parity (i / S) mod 2, and "wrapped" (a stage is being reused) from slice S on.
+TEST(HopperPersistent, PipelineStateWrapsAndFlipsPhase) {
+  for (int stages : {1, 4, 7}) {
+    kc::ch07::PipelineState p;
+    for (int i = 0; i < 10 * stages + 3; ++i) {
+      ASSERT_EQ(p.stage, i % stages) << "slice " << i;
+      ASSERT_EQ(p.phase, static_cast<std::uint32_t>((i / stages) & 1)) << "slice " << i;
+      ASSERT_EQ(p.wrapped, i >= stages) << "slice " << i;
+      p.advance(stages);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- GPU
 
 // The kernels are sm_90a code: sm_90 exactly (an sm_100 or sm_120 GPU cannot run them either).
@@ -407,10 +581,13 @@ const ShapeCase kShapes[] = {
     {{1, 1, 8}, false},          // N = 1 (odd: element stores), K = 8 (the smallest TMA row)
     {{1, 300, 72}, false},       // 1 × N: one token
     {{200, 8, 136}, false},      // M × 8: a thin output, most of every W box zero-filled
-    {{127, 131, 64}, false},     // not multiples of any tile, odd N
+    {{127, 131, 64}, false},     // not multiples of any tile, odd N; step 5: one cluster, rank 1 idle
     {{129, 257, 520}, false},    // one past the 128 × 256 tile in M and N; K tail of 8
     {{65, 129, 1000}, false},    // one past step 1's 64 × 128 tile; 16 slices: every pipeline wraps
-    {{300, 520, 4104}, true},    // 65 slices, over 16 rounds of step 2's 7 stages and step 3's 4
+    {{300, 520, 4104}, true},    // 65 slices, over 16 rounds of step 2's 7 stages and step 3's 4;
+                                 // step 5: tiles_m = 3 (rank 1 of the last row has no rows), the last
+                                 // n-tile's second W half (rows 640..) lies outside W
+    {{2100, 4100, 72}, false},   // 17 × 17 tiles: several per persistent block and per cluster; tiles_m odd
     {{1000, 1500, 2056}, true},  // a few waves of blocks, every tile edge again
     {{4096, 4096, 4096}, true},  // a goal shape
 };

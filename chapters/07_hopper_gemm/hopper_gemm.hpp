@@ -11,14 +11,18 @@
 ///   2. step2_pipeline.cu          a 128 × 128 tile on two warpgroups, 7 stages, full/empty mbarriers.
 ///   3. step3_warp_specialized.cu  a producer warpgroup issuing TMA, two consumer warpgroups on a
 ///                                 128 × 256 tile, registers moved to the consumers with setmaxnreg.
-/// Step 3 is the chapter's `after` (for now: persistence, clusters and a TMA-store epilogue follow).
+///   4. step4_persistent.cu        step 3 on a persistent grid (one block per SM) walking tiles in a
+///                                 grouped order; the pipeline runs on across tiles; scale-d = 0.
+///   5. step5_cluster_multicast.cu step 4 in clusters of two CTAs along M, each W tile loaded once
+///                                 per cluster and multicast to both CTAs.
+/// Step 5 is the chapter's `after`.
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):
 ///   - every dimension of @p shape in [1, 2^31 - 1] (Chapter 2's validate_gemm_shape);
 ///   - K a multiple of 8 and a, w 16-byte aligned: TMA reads rows whose byte stride is a multiple of 16
 ///     from a 16-byte-aligned base;
 ///   - a, w and c not null, c 2-byte aligned, c not overlapping a or w (a and w may be the same);
-///   - at most 2^31 - 1 tiles (the grid is one-dimensional).
+///   - at most 2^31 - 1 tiles (the grid is one-dimensional, and the tile orders index tiles with int).
 /// Any M and N work: TMA zero-fills the rows and the K tail outside the matrices, stores are masked.
 ///
 /// GPU: the kernels are sm_90a code (wgmma and setmaxnreg exist on sm_90 only). On any other GPU,
@@ -47,13 +51,15 @@ using ch02::GemmShape;
 
 /// The steps of the ladder.
 enum class HopperStep {
-  tma_wgmma,         ///< step 1: TMA + mbarrier + wgmma, one warpgroup, one buffer
-  pipeline,          ///< step 2: larger tile, multi-stage full/empty pipeline
-  warp_specialized,  ///< step 3: producer warpgroup + two consumers, setmaxnreg (the `after`)
+  tma_wgmma,          ///< step 1: TMA + mbarrier + wgmma, one warpgroup, one buffer
+  pipeline,           ///< step 2: larger tile, multi-stage full/empty pipeline
+  warp_specialized,   ///< step 3: producer warpgroup + two consumers, setmaxnreg
+  persistent,         ///< step 4: step 3 on a persistent grid in grouped tile order
+  cluster_multicast,  ///< step 5: step 4 in clusters of two, W multicast (the `after`)
 };
 
 /// The chapter's final kernel, the one gemm_bf16_hopper runs.
-inline constexpr HopperStep kAfterStep = HopperStep::warp_specialized;
+inline constexpr HopperStep kAfterStep = HopperStep::cluster_multicast;
 
 /// What a step's kernel is, in numbers (the lesson's table and the CPU tests read these).
 struct HopperStepInfo {
@@ -66,13 +72,16 @@ struct HopperStepInfo {
   int stages = 0;               ///< shared-memory buffers in the pipeline
   int stage_bytes = 0;          ///< bytes of one stage (A box + W box), what its full barrier expects
   std::size_t smem_bytes = 0;   ///< dynamic shared memory per block (with 1 KiB alignment slack)
+  int cluster_m = 1;            ///< CTAs per cluster along M (2: each W box is half the tile, multicast)
+  bool persistent = false;      ///< one block per SM (or cluster per SM pair) looping over tiles
 };
 
 /// The numbers of @p step. Host-only, no CUDA call. Throws kc::InvalidArgument for a value that is
 /// not a HopperStep.
 HopperStepInfo hopper_step_info(HopperStep step);
 
-/// The benchmark variant name of @p step: "step1_tma_wgmma", "step2_pipeline", "step3_warp_specialized".
+/// The benchmark variant name of @p step: "step1_tma_wgmma", "step2_pipeline", "step3_warp_specialized",
+/// "step4_persistent", "step5_cluster_multicast".
 const char* to_string(HopperStep step);
 
 /// Thrown by the launch functions when this GPU (or this build) cannot run the sm_90a kernels.
@@ -96,7 +105,8 @@ void validate_gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, c
                                HopperStep step = kAfterStep);
 
 /// The two tensor maps a launch of @p step encodes, as plain numbers: A [M, K] in boxes of block_m
-/// rows, W [N, K] in boxes of block_n rows, both 64 columns wide with 128-byte swizzle.
+/// rows, W [N, K] in boxes of block_n / cluster_m rows (step 5: each CTA loads half the W tile), both
+/// 64 columns wide with 128-byte swizzle.
 struct OperandMaps {
   TensorMapSpec a;  ///< A's map
   TensorMapSpec w;  ///< W's map
@@ -105,7 +115,7 @@ struct OperandMaps {
 /// The maps of a launch (validate_gemm_bf16_hopper first; this only does the arithmetic). Host-only.
 OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step);
 
-/// C = A · Wᵀ with the chapter's final kernel (step 3 for now).
+/// C = A · Wᵀ with the chapter's final kernel (step 5).
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned
 /// @param c [M, N] row-major output, 2-byte aligned

@@ -18,6 +18,8 @@ TileConfig tile_config(HopperStep step) {
     case HopperStep::tma_wgmma: return kStep1Tile;
     case HopperStep::pipeline: return kStep2Tile;
     case HopperStep::warp_specialized: return kStep3Tile;
+    case HopperStep::persistent: return kStep4Tile;
+    case HopperStep::cluster_multicast: return kStep5Tile;
   }
   throw InvalidArgument("step (" + std::to_string(static_cast<int>(step)) + ") is not a HopperStep");
 }
@@ -53,8 +55,10 @@ DeviceFacts current_device_facts() {
 
 HopperStepInfo hopper_step_info(HopperStep step) {
   const TileConfig t = tile_config(step);
-  return {t.block_m, t.block_n,       kBlockK,       t.threads(), t.consumer_warpgroups, t.producer_warpgroups,
-          t.stages,  t.stage_bytes(), t.smem_bytes()};
+  const bool persistent = step == HopperStep::persistent || step == HopperStep::cluster_multicast;
+  return {
+      t.block_m,       t.block_n,      kBlockK,     t.threads(), t.consumer_warpgroups, t.producer_warpgroups, t.stages,
+      t.stage_bytes(), t.smem_bytes(), t.cluster_m, persistent};
 }
 
 const char* to_string(HopperStep step) {
@@ -62,6 +66,8 @@ const char* to_string(HopperStep step) {
     case HopperStep::tma_wgmma: return "step1_tma_wgmma";
     case HopperStep::pipeline: return "step2_pipeline";
     case HopperStep::warp_specialized: return "step3_warp_specialized";
+    case HopperStep::persistent: return "step4_persistent";
+    case HopperStep::cluster_multicast: return "step5_cluster_multicast";
   }
   return "unknown";
 }
@@ -110,7 +116,8 @@ void validate_gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, c
 
 OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step) {
   const TileConfig tile = tile_config(step);
-  return {bf16_row_major_map(a, shape.m, shape.k, tile.block_m), bf16_row_major_map(w, shape.n, shape.k, tile.block_n)};
+  return {bf16_row_major_map(a, shape.m, shape.k, tile.block_m),
+          bf16_row_major_map(w, shape.n, shape.k, tile.w_box_rows())};
 }
 
 void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
@@ -142,13 +149,16 @@ void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_b
                            static_cast<int>(shape.m),
                            n,
                            static_cast<int>(shape.k),
+                           static_cast<int>(ceil_div(shape.m, tile.block_m)),
                            static_cast<int>(ceil_div(shape.n, tile.block_n)),
                            n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0};
-  const auto tiles = static_cast<int>(ceil_div(shape.m, tile.block_m) * out.tiles_n);
+  const auto tiles = static_cast<int>(static_cast<std::int64_t>(out.tiles_m) * out.tiles_n);
   switch (step) {
     case HopperStep::tma_wgmma: detail::launch_step1(a_map, w_map, out, tiles, stream); break;
     case HopperStep::pipeline: detail::launch_step2(a_map, w_map, out, tiles, stream); break;
     case HopperStep::warp_specialized: detail::launch_step3(a_map, w_map, out, tiles, stream); break;
+    case HopperStep::persistent: detail::launch_step4(a_map, w_map, out, tiles, stream); break;
+    case HopperStep::cluster_multicast: detail::launch_step5(a_map, w_map, out, tiles, stream); break;
   }
 }
 

@@ -17,6 +17,7 @@ struct Output {
   int m;               ///< rows of C
   int n;               ///< columns of C (and the row stride)
   int k;               ///< the reduction length
+  int tiles_m;         ///< tiles per column of C (ceil(m / block_m)): the persistent steps' order needs it
   int tiles_n;         ///< tiles per row of C (ceil(n / block_n))
   bool paired_stores;  ///< store bf16 pairs as 4-byte words
 };
@@ -31,6 +32,16 @@ void launch_step2(const CUtensorMap& a_map, const CUtensorMap& w_map, const Outp
                   cudaStream_t stream);
 /// Step 3's launcher (step3_warp_specialized.cu), as launch_step1.
 void launch_step3(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
+                  cudaStream_t stream);
+
+/// Step 4's launcher (step4_persistent.cu): like launch_step1, but it launches one block per SM (at
+/// most @p tiles), each looping over tiles; the SM count is queried once per device.
+void launch_step4(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
+                  cudaStream_t stream);
+/// Step 5's launcher (step5_cluster_multicast.cu): like launch_step4, in clusters of two CTAs along M;
+/// the grid is as many clusters as the GPU holds at once (queried once per device), at most one per
+/// cluster tile.
+void launch_step5(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
                   cudaStream_t stream);
 
 /// True in the build with kernels, false in the stub build.

@@ -93,6 +93,55 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, s
       : "memory");
 }
 
+/// As tma_load_2d, but the box lands at the same shared-memory offset in every CTA of the cluster
+/// whose bit is set in @p cta_mask (bit r = the CTA of rank r), and completes bytes on the mbarrier at
+/// @p bar's offset in each of them. One read of L2, several CTAs fed: step 5's W slices.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, std::uint64_t* bar, int col,
+                                                      int row, std::uint16_t cta_mask) {
+  const auto map_address = reinterpret_cast<std::uint64_t>(map);
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;"
+      :
+      : "r"(smem_address(dst)), "l"(map_address), "r"(smem_address(bar)), "r"(col), "r"(row), "h"(cta_mask)
+      : "memory");
+}
+
+// ------------------------------------------------------------------------------------------ clusters
+
+/// This CTA's rank in its cluster (0 .. cluster size - 1): the bit it answers to in a multicast mask.
+__device__ __forceinline__ int cluster_rank() {
+  std::uint32_t rank = 0;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return static_cast<int>(rank);
+}
+
+/// Arrives on the mbarrier at @p bar's offset in the shared memory of cluster CTA @p cta_rank (this
+/// CTA's own included): mapa turns the local address into that CTA's address in the cluster's shared
+/// window. The default semantics (release, CTA scope), as CUTLASS's ClusterBarrier uses: what must
+/// happen before the refill is the wgmma's reading of the stage, which wait_group has already seen
+/// complete; the barrier's phase is what orders the refill after it. Spelling .release.cluster
+/// instead costs a MEMBAR.ALL.GPU before every arrive (seen in the SASS), which also waits for this
+/// thread's outstanding stores to C.
+__device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* bar, int cta_rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(cta_rank)
+      : "memory");
+}
+
+/// Every thread of every CTA of the cluster arrives (release) and then waits (acquire): a
+/// __syncthreads for the whole cluster. Step 5 needs it twice: after the barriers are initialised
+/// (a peer must not multicast into, or arrive on, a barrier that does not exist yet) and before
+/// exiting (a CTA must not leave while its peer may still arrive on its barriers).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
 // --------------------------------------------------------------------------------------------- wgmma
 
 /// The wgmma descriptor of a K-major tile that TMA wrote with 128-byte swizzle at @p tile

@@ -1,8 +1,9 @@
 /// @file hopper_tiles.hpp
 /// @brief The tile of each step of Chapter 7's ladder, and the small index maps that the kernels and
 /// the CPU tests share: where an accumulator register lands in C, how a shared-memory matrix
-/// descriptor is encoded, which tile of C a block computes. Everything here is constexpr and
-/// `__host__ __device__`, so the CPU tests check exactly what the kernels use.
+/// descriptor is encoded, which tile of C a block computes (and, for the persistent steps, in which
+/// order, with which grid, and how many bytes a cluster CTA's stage receives). Everything here is
+/// constexpr and `__host__ __device__`, so the CPU tests check exactly what the kernels use.
 #pragma once
 
 #include <cuda_runtime.h>  // __host__ __device__ (empty for the host compiler)
@@ -32,6 +33,7 @@ struct TileConfig {
   int consumer_warpgroups;  ///< warpgroups that issue wgmma
   int producer_warpgroups;  ///< warpgroups that only issue TMA (0: a consumer thread issues it)
   int stages;               ///< shared-memory buffers in the pipeline
+  int cluster_m = 1;        ///< CTAs per thread-block cluster, along M (they share each W tile by multicast)
 
   /// Threads per block.
   __host__ __device__ constexpr int threads() const {
@@ -39,10 +41,15 @@ struct TileConfig {
   }
   /// Bytes of one A box (block_m rows × 64 bf16).
   __host__ __device__ constexpr int a_box_bytes() const { return block_m * kBlockK * 2; }
-  /// Bytes of one W box (block_n rows × 64 bf16).
-  __host__ __device__ constexpr int w_box_bytes() const { return block_n * kBlockK * 2; }
+  /// Rows of one W box: the whole block_n, or with a cluster the slice one CTA loads and multicasts
+  /// (block_n / cluster_m rows; the cluster's CTAs together bring the whole W tile to each of them).
+  __host__ __device__ constexpr int w_box_rows() const { return block_n / cluster_m; }
+  /// Bytes of one W box (w_box_rows() rows × 64 bf16).
+  __host__ __device__ constexpr int w_box_bytes() const { return w_box_rows() * kBlockK * 2; }
+  /// Bytes of the whole W tile of a stage (block_n rows × 64 bf16): cluster_m boxes.
+  __host__ __device__ constexpr int w_tile_bytes() const { return block_n * kBlockK * 2; }
   /// Bytes one stage receives: what its full barrier expects (out-of-bounds zeros included).
-  __host__ __device__ constexpr int stage_bytes() const { return a_box_bytes() + w_box_bytes(); }
+  __host__ __device__ constexpr int stage_bytes() const { return a_box_bytes() + w_tile_bytes(); }
   /// Dynamic shared memory: the alignment slack, the stages, a full and an empty barrier per stage.
   __host__ __device__ constexpr std::size_t smem_bytes() const {
     return static_cast<std::size_t>(kSwizzleAtomBytes) + static_cast<std::size_t>(stages) * stage_bytes() +
@@ -63,15 +70,24 @@ inline constexpr TileConfig kStep2Tile{128, 128, 2, 0, stages_that_fit(2 * 128 *
 /// Step 3: a producer warpgroup and two consumer warpgroups on a 128 × 256 tile, 4 stages of 48 KiB.
 inline constexpr TileConfig kStep3Tile{128, 256, 2, 1, stages_that_fit((128 + 256) * kBlockK * 2)};
 
+/// Step 4: step 3's tile and roles, on a persistent grid (one block per SM looping over tiles).
+inline constexpr TileConfig kStep4Tile = kStep3Tile;
+/// Step 5: step 4 in clusters of two CTAs along M; each CTA loads half of the W tile (128 rows) and
+/// multicasts it to both.
+inline constexpr TileConfig kStep5Tile{128, 256, 2, 1, kStep3Tile.stages, 2};
+
 static_assert(kStep2Tile.stages == 7 && kStep3Tile.stages == 4, "the lesson's stage counts");
 static_assert(kStep1Tile.smem_bytes() <= kSm90SmemPerBlock && kStep2Tile.smem_bytes() <= kSm90SmemPerBlock &&
-                  kStep3Tile.smem_bytes() <= kSm90SmemPerBlock,
+                  kStep3Tile.smem_bytes() <= kSm90SmemPerBlock && kStep5Tile.smem_bytes() <= kSm90SmemPerBlock,
               "every step fits an sm_90 block");
 static_assert(kStep1Tile.a_box_bytes() % kSwizzleAtomBytes == 0 && kStep1Tile.w_box_bytes() % kSwizzleAtomBytes == 0 &&
                   kStep3Tile.a_box_bytes() % kSwizzleAtomBytes == 0 &&
-                  kStep3Tile.w_box_bytes() % kSwizzleAtomBytes == 0,
-              "boxes keep every buffer 1024-byte aligned");
+                  kStep3Tile.w_box_bytes() % kSwizzleAtomBytes == 0 &&
+                  kStep5Tile.w_box_bytes() % kSwizzleAtomBytes == 0,
+              "boxes keep every buffer 1024-byte aligned (a multicast W slice too: the second lands 16 KiB in)");
 static_assert(kStep3Tile.stage_bytes() < (1 << 20), "an mbarrier phase counts at most 2^20 - 1 bytes");
+static_assert(kStep5Tile.stage_bytes() == kStep3Tile.stage_bytes() && kStep5Tile.block_n % kStep5Tile.cluster_m == 0,
+              "step 5 keeps step 3's stage; its W slices split the tile evenly");
 
 /// Where accumulator register @p i of thread @p thread (0..127 in its warpgroup) sits in the 64 × N
 /// tile of a wgmma m64nNk16 with fp32 accumulators (PTX ISA "wgmma register fragment D"): warp w owns
@@ -107,9 +123,116 @@ struct TileOrigin {
   int n0;  ///< first column of C
 };
 
-/// The tile of C that block @p block computes (see TileOrigin).
+/// The tile of C that block @p block computes in steps 1-3, one block per tile (see TileOrigin).
 __host__ __device__ constexpr TileOrigin tile_origin(int block, int tiles_n, int block_m, int block_n) {
   return {block / tiles_n * block_m, block % tiles_n * block_n};
 }
+
+// ------------------------------------------------------------------------------------------------
+// Steps 4 and 5: persistent blocks that walk many tiles, in an order that shares operands in L2.
+
+/// Band height, in m-tiles, of the grouped order. With ~132 blocks in flight and 128 × 256 tiles, a
+/// band of 16 m-tiles keeps the tiles in flight near square in elements (16 · 128 rows of A against
+/// about 132 / 16 · 256 rows of W), which minimises the distinct A and W bytes they read.
+inline constexpr int kGroupM = 16;
+
+/// One tile of C, as (m-tile, n-tile) indices.
+struct TileCoord {
+  int m_tile;  ///< rows m_tile · block_m ... of C
+  int n_tile;  ///< columns n_tile · block_n ... of C
+};
+
+/// The @p tile-th tile (0 <= tile < tiles_m · tiles_n) in the grouped order: the m-tiles are cut into
+/// bands of @p group_m (the last band may be shorter); within a band, ids walk down one column of
+/// tiles, then the next column. Blocks that run at the same time then share a few rows of A tiles and
+/// a few columns of W tiles instead of one row of A and every column of W:
+///
+///        row-major (steps 1-3)      grouped, group_m = 2
+///         0  1  2  3                 0  2  4  6
+///         4  5  6  7                 1  3  5  7
+///         8  9 10 11                 8  9 10 11      (the last band is 1 m-tile high)
+///
+/// A bijection on [0, tiles_m · tiles_n) for any tiles_m, tiles_n, group_m >= 1 (tested on the CPU).
+__host__ __device__ constexpr TileCoord grouped_tile_order(int tile, int tiles_m, int tiles_n, int group_m) {
+  // 64-bit: group_m · tiles_n may exceed int when the caller's group_m is large.
+  const std::int64_t band_tiles = static_cast<std::int64_t>(group_m) * tiles_n;
+  const int band = static_cast<int>(tile / band_tiles);
+  const int within = static_cast<int>(tile - band * band_tiles);
+  const int first_m = band * group_m;
+  const int rows = tiles_m - first_m < group_m ? tiles_m - first_m : group_m;
+  return {first_m + within % rows, within / rows};
+}
+
+/// The tile CTA @p rank of a cluster of @p cluster_m CTAs (stacked along M) computes when its cluster
+/// takes cluster tile @p cluster_tile: cluster tiles are cluster_m m-tiles high and walk the grouped
+/// order over ceil(tiles_m / cluster_m) rows of them, with bands of group_m m-tiles. When tiles_m is
+/// not a multiple of cluster_m, the last cluster row's higher ranks get an m-tile >= tiles_m: a tile
+/// with no rows of C. Such a CTA still takes part in the cluster's barrier protocol (its peer
+/// multicasts into it and waits for its releases) but loads no A, multiplies nothing, stores nothing.
+__host__ __device__ constexpr TileCoord cluster_member_tile(int cluster_tile, int rank, int tiles_m, int tiles_n,
+                                                            int group_m, int cluster_m) {
+  const int cluster_rows = tiles_m / cluster_m + (tiles_m % cluster_m != 0 ? 1 : 0);
+  const int cluster_group = group_m / cluster_m > 0 ? group_m / cluster_m : 1;
+  const TileCoord c = grouped_tile_order(cluster_tile, cluster_rows, tiles_n, cluster_group);
+  return {c.m_tile * cluster_m + rank, c.n_tile};
+}
+
+/// Cluster tiles of a launch: ceil(tiles_m / cluster_m) · tiles_n.
+__host__ __device__ constexpr std::int64_t cluster_tile_count(int tiles_m, int tiles_n, int cluster_m) {
+  return static_cast<std::int64_t>(tiles_m / cluster_m + (tiles_m % cluster_m != 0 ? 1 : 0)) * tiles_n;
+}
+
+/// Blocks of a persistent launch: one per SM (@p sms), or one per tile when there are fewer tiles.
+/// Never 0 (a launch of 0 blocks is an error, and the validated shapes have at least one tile).
+constexpr int persistent_grid(std::int64_t tiles, int sms) {
+  const std::int64_t blocks = tiles < sms ? tiles : sms;
+  return blocks > 1 ? static_cast<int>(blocks) : 1;
+}
+
+/// Blocks of a persistent cluster launch: @p resident_clusters clusters (what the GPU can hold at
+/// once, cudaOccupancyMaxActiveClusters), or one per cluster tile when there are fewer, times
+/// @p cluster_m. Always a multiple of cluster_m (a grid must be whole clusters) and at least one
+/// cluster, whatever the query said.
+constexpr int cluster_grid(int tiles_m, int tiles_n, int cluster_m, int resident_clusters) {
+  const std::int64_t cluster_tiles = cluster_tile_count(tiles_m, tiles_n, cluster_m);
+  const std::int64_t clusters = cluster_tiles < resident_clusters ? cluster_tiles : resident_clusters;
+  return static_cast<int>(clusters > 1 ? clusters : 1) * cluster_m;
+}
+
+/// True when W slice @p rank of the tile starting at column @p n0 of C has a row inside W (N = @p n):
+/// the slice starts at row n0 + rank · w_box_rows() (in 64 bits, so no n0 a caller passes can overflow).
+__host__ __device__ constexpr bool w_slice_in_matrix(TileConfig t, int rank, int n0, int n) {
+  return n0 + static_cast<std::int64_t>(rank) * t.w_box_rows() < n;
+}
+
+/// Bytes that land in one CTA's stage in a cluster step, what its full barrier must expect: its own
+/// A box when its tile has rows of C (@p has_rows), and every W slice with a row inside W (see
+/// w_slice_in_matrix). A box that lies wholly outside its matrix is not issued, so it does not count;
+/// a CTA then computes from stale shared memory only columns it never stores (and, with no rows of
+/// C, computes nothing).
+__host__ __device__ constexpr int cluster_stage_bytes(TileConfig t, bool has_rows, int n0, int n) {
+  int bytes = has_rows ? t.a_box_bytes() : 0;
+  for (int r = 0; r < t.cluster_m; ++r) bytes += w_slice_in_matrix(t, r, n0, n) ? t.w_box_bytes() : 0;
+  return bytes;
+}
+
+/// Where a pipeline is: the stage the next slice uses and the parity of that stage's current round.
+/// Steps 4 and 5 keep one of these per role for the whole kernel, across tiles: the ring of stages
+/// does not restart at a tile boundary, so the producer can fill stages for the next tile while the
+/// consumers finish (and store) this one.
+struct PipelineState {
+  int stage = 0;            ///< 0 .. stages - 1
+  std::uint32_t phase = 0;  ///< rounds completed through the ring, mod 2: round r waits for parity r & 1
+  bool wrapped = false;     ///< the ring has been gone round once (from then on a stage is reused)
+
+  /// Moves to the next slice: the next stage, flipping the phase when the ring wraps.
+  __host__ __device__ constexpr void advance(int stages) {
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1u;
+      wrapped = true;
+    }
+  }
+};
 
 }  // namespace kc::ch07
