@@ -34,8 +34,8 @@ using ch02::block::NoEpilogue;
 using ch05::kBlockM;
 using ch05::kBlockN;
 
-constexpr int kPrefixThreads = ch05::kMaxExperts;  // one expert per thread
-constexpr int kTileFloats = kBlockM * kBlockN;     // one fp32 partial tile
+constexpr int kPrefixThreads = ch05::kMaxExperts;                // one expert per thread
+[[maybe_unused]] constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile (TODO 3 uses it)
 
 // Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
 struct WorkspaceLayout {
