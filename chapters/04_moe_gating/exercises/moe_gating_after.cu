@@ -395,16 +395,22 @@ __device__ __forceinline__ unsigned packed_key(float x, int j, int seg_lane) {
 
 // The slow path of the keys, for a warp where some lane holds a NaN or padding: a NaN gets the
 // prefix of kNanKey (below -Inf, all NaNs equal, so the id decides), padding gets 0, which loses
-// to every expert. The id bits of a NaN's key are already right.
+// to every expert. The id bits of a NaN's key are already right. Padding is whole vectors
+// (E % V == 0), so it is tested once a vector.
 template <int L, int N, int V, int kIdBits>
 __device__ __forceinline__ void fix_packed_keys(const float (&x)[N], int num_experts, int seg_lane,
                                                 unsigned (&packed)[N]) {
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const bool nan = (__float_as_uint(x[j]) & 0x7FFFFFFFu) > 0x7F800000u;
-    if (nan) packed[j] = (kNanKey << kIdBits) | (packed[j] & kIdMask);
-    if (expert_of<L, V>(j, seg_lane) >= num_experts) packed[j] = kTakenKey;
+  for (int c = 0; c < N / V; ++c) {
+    const bool padding = expert_of<L, V>(c * V, seg_lane) >= num_experts;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int j = c * V + v;
+      const bool nan = (__float_as_uint(x[j]) & 0x7FFFFFFFu) > 0x7F800000u;
+      if (nan) packed[j] = (kNanKey << kIdBits) | (packed[j] & kIdMask);
+      if (padding) packed[j] = kTakenKey;
+    }
   }
 }
 
@@ -456,6 +462,10 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
   bool shared_prefix = false;
 #pragma unroll 1
   for (int r = 0;; ++r) {
+    // An empty asm statement: the optimiser can no longer derive a second counter (r - seg_lane)
+    // for the slot test below, so one counter serves the loop and the slot (a round is 12 SASS
+    // instructions instead of 13).
+    asm volatile("" : "+r"(r));
     best = segment_max<L>(c1);
     // L = 32 checks once after the rounds (below): 3 instructions a round saved.
     if constexpr (L < 32) shared_prefix = shared_prefix || (best ^ previous) <= kIdMask;
@@ -512,39 +522,67 @@ __device__ __forceinline__ void select_top_k_exact(unsigned (&key)[N], int seg_l
   }
 }
 
-// Loads one row like load_row, but never predicated: rows past the end read the last row (the
-// caller clamps) and padding reads the row's first vector, so every register is defined and no
-// NaN fill is needed. fix_packed_keys turns padding into kTakenKey.
+// Issues the loads of one row, if it exists, from lane_logits (the row's start plus the lane's
+// first expert): vector c is at a constant offset, c * L * V. Padding vectors and rows past the end
+// load nothing and keep the registers' old values (fix_packed_keys makes padding kTakenKey; rows
+// past the end are never stored), so there is no NaN fill and no clamped address.
 template <typename T, int L, int N, int V>
-__device__ __forceinline__ void load_row_clamped(const T* row_logits, int num_experts, int seg_lane, float (&x)[N]) {
+__device__ __forceinline__ void load_row_if(const T* lane_logits, bool row_exists, int num_experts, int seg_lane,
+                                            float (&x)[N]) {
 #pragma unroll
   for (int c = 0; c < N / V; ++c) {
-    const int first = expert_of<L, V>(c * V, seg_lane);
-    float v[V];
-    load_vector<T, V>(row_logits + (first < num_experts ? first : 0), v);
+    if (row_exists && expert_of<L, V>(c * V, seg_lane) < num_experts) {
+      float v[V];
+      load_vector<T, V>(lane_logits + c * L * V, v);
 #pragma unroll
-    for (int i = 0; i < V; ++i) x[c * V + i] = v[i];
+      for (int i = 0; i < V; ++i) x[c * V + i] = v[i];
+    }
   }
 }
 
-// exp(x - m) for x <= m: __expf is one multiply and one MUFU.EX2 (relative error a few 1e-7 for
-// the arguments that matter, far inside the tests' 1e-5); expf's range reduction costs ~8
-// instructions more. -Inf gives 0.
-__device__ __forceinline__ float exp_below_max(float x, float m) { return __expf(x - m); }
-
-// Softmax numerator with the chapter's policy, branch-free: NaN weighs 0; when m is +Inf only the
-// +Inf logits weigh (1 each: x == m); when m is -Inf or NaN (nothing above -Inf) everything weighs 0.
-__device__ __forceinline__ float softmax_mass_fast(float x, float m) {
-  const float mass = x == m ? 1.0f : exp_below_max(x, m);
-  return (x == x && m > -__int_as_float(0x7f800000)) ? mass : 0.0f;
+// 2^x with a denormal result flushed to 0: one MUFU.EX2. __expf / exp2f keep denormal results
+// exact, which costs four more instructions a value (a range test and two multiplies) for weights
+// below 1.2e-38, far below the tests' 1e-5.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
+// 1/x for x in [1, 512]: one MUFU.RCP, the same bits as __fdividef's reciprocal without its range
+// test and scaling (needed only for |x| above 2^126 or below 2^-126).
+__device__ __forceinline__ float rcp_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Softmax numerator exp(x - m) of logit x under the row's largest non-NaN logit m, with the
+// chapter's policy and no branch. `m_ok` is m > -Inf. x == m (and m_ok) weighs exactly 1, which
+// also gives each +Inf logit 1 when m is +Inf (where x - m would be NaN). Every other NaN of
+// x - m (x NaN, m NaN, both -Inf) becomes -Inf through fmaxf and weighs 0; so does x = -Inf.
+__device__ __forceinline__ float softmax_mass_fast(float x, float m, bool m_ok) {
+  const float d = (x == m && m_ok) ? 0.0f : x - m;
+  return exp2_ftz(fmaxf(d * 1.44269504f, -__int_as_float(0x7f800000)));
+}
+
+// How far the grid-stride loop moves on, in rows and in elements of the logits and of the outputs.
+// The launch computes it from its grid, so the kernel adds it from constant memory: no registers,
+// no 64-bit multiplies in the loop.
+struct GridStride {
+  std::int64_t rows;     // blocks * rows per block
+  std::int64_t logits;   // rows * E
+  std::int64_t outputs;  // rows * k
+};
+
 template <typename T, int L, int N, int V>
-__global__ void __launch_bounds__(kThreads) fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a) {
+__global__ void __launch_bounds__(kThreads)
+    fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   constexpr int kIdBits = id_bits<L, N>();
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
   constexpr int kRounds = 32 < L * N ? 32 : L * N;  // k <= min(E, 32) <= L * N
   constexpr int kSlots = kRounds / L;               // output slots a lane stores
+  constexpr int kRowsPerWarp = 32 / L;
   // bf16 keys have 16 zero low bits: the prefix is the whole key, so packed keys are always exact.
   constexpr bool kMayShareExactPrefix = sizeof(T) == 4;
   __shared__ int histogram[kMaxExperts];
@@ -552,64 +590,68 @@ __global__ void __launch_bounds__(kThreads) fused_softmax_topk(const T* __restri
 
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int seg_lane = lane % L;
-  constexpr int kRowsPerWarp = 32 / L;
+  const int lane_first = expert_of<L, V>(0, seg_lane);  // the lane's first expert
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock * kRowsPerWarp;
   // The lane's last vector is its highest expert: past E means the lane holds padding.
   const bool lane_has_padding = expert_of<L, V>(N - V, seg_lane) >= a.num_experts;
-  // Rows past the end (a partial last warp when L < 32, and the prefetch after the last row) read
-  // the last row instead: valid memory, and their results are never stored.
-  const auto row_start = [&](std::int64_t row) {
-    return logits + (row < a.num_tokens ? row : a.num_tokens - 1) * a.num_experts;
-  };
 
-  float x[N];  // the row this iteration works on, loaded one iteration ahead (software pipeline)
-  load_row_clamped<T, L, N, V>(row_start(warp * kRowsPerWarp + lane / L), a.num_experts, seg_lane, x);
+  // Carried from row to row and advanced by the constant stride: no row * E or row * k products in
+  // the loop. lane_logits points at the lane's first expert of the row (its vector c is c * L * V
+  // further on).
+  const std::int64_t first = warp * kRowsPerWarp + lane / L;  // the lane's first row
+  const T* lane_logits = logits + first * a.num_experts + lane_first;
+  std::int64_t out = first * a.k + seg_lane;  // the lane's first output element of the row
+
+  float x[N] = {};  // the row this iteration works on, loaded one iteration ahead (software pipeline)
+  load_row_if<T, L, N, V>(lane_logits, first < a.num_tokens, a.num_experts, seg_lane, x);
   // The loop bound is the same for the whole warp, so every lane reaches every shuffle.
-  for (std::int64_t first_row = warp * kRowsPerWarp; first_row < a.num_tokens; first_row += row_stride) {
+  for (std::int64_t first_row = warp * kRowsPerWarp; first_row < a.num_tokens; first_row += stride.rows) {
     // The warp is converged here (the bound is warp-uniform); saying so lets ptxas drop its
     // "is the warp diverged?" check (BRA.DIV, two instructions) before every redux.sync and vote.
     __syncwarp();
     const std::int64_t row = first_row + lane / L;
-    const T* row_logits = row_start(row);
+    const bool active = row < a.num_tokens;  // false only in a partial last warp at L < 32
     unsigned packed[N];
     bool odd = lane_has_padding;
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
+    for (int j = 0; j < N; j += 2) {
       packed[j] = packed_key<L, V, kIdBits>(x[j], j, seg_lane);
-      odd = odd || x[j] != x[j];
+      packed[j + 1] = packed_key<L, V, kIdBits>(x[j + 1], j + 1, seg_lane);
+      odd = odd || !(x[j] == x[j] && x[j + 1] == x[j + 1]);  // one unordered compare for the pair
     }
     if (__any_sync(kFullMask, odd)) fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, seg_lane, packed);
-    load_row_clamped<T, L, N, V>(row_start(row + row_stride), a.num_experts, seg_lane, x);  // next row
+    load_row_if<T, L, N, V>(lane_logits + stride.logits, row + stride.rows < a.num_tokens, a.num_experts, seg_lane, x);
 
     unsigned slot[kSlots] = {};  // lanes past k keep 0 and store nothing
     const bool shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
     int id[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) id[s] = static_cast<int>(~slot[s] & kIdMask);
-    if (kMayShareExactPrefix && __any_sync(kFullMask, shared_prefix)) {
+    if (kMayShareExactPrefix && __any_sync(kFullMask, active && shared_prefix)) {
       // Rare: redo the warp's rows with the full 32-bit keys.
       float y[N];
-      load_row<T, L, N, V>(row_logits, true, a.num_experts, seg_lane, y);
+      load_row<T, L, N, V>(lane_logits - lane_first, active, a.num_experts, seg_lane, y);
       unsigned key[N];
       to_keys<L, N, V>(
-          y, true, a.num_experts, seg_lane, [](float v, int) { return v; }, key);
+          y, active, a.num_experts, seg_lane, [](float v, int) { return v; }, key);
       select_top_k_exact<L, N, V>(key, seg_lane, a.k, id);
     }
 
-    // Weights from the winners' own logits, reloaded by id. Round 0's winner (segment lane 0,
-    // slot 0) is the row's largest non-NaN logit whenever the row has one.
+    // Weights from the winners' own logits, reloaded by id (a cache hit). Round 0's winner
+    // (segment lane 0, slot 0) is the row's largest non-NaN logit whenever the row has one.
     float value[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      value[s] = s * L + seg_lane < a.k ? detail::to_float(row_logits[id[s]]) : __int_as_float(0x7FC00000);
+      const bool chosen = active && s * L + seg_lane < a.k;
+      value[s] = chosen ? detail::to_float(lane_logits[id[s] - lane_first]) : __int_as_float(0x7FC00000);  // NaN: 0
     }
     const float row_max = L == 1 ? value[0] : __shfl_sync(kFullMask, value[0], lane - seg_lane);
+    const bool max_ok = row_max > -__int_as_float(0x7f800000);
     float mass[kSlots];
     float partial = 0.0f;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      mass[s] = softmax_mass_fast(value[s], row_max);
+      mass[s] = softmax_mass_fast(value[s], row_max, max_ok);
       // TODO(4): renormalised softmax and topk_then_softmax divide by the sum of the k chosen masses:
       // add this lane's masses into `partial` (segment_sum adds the lanes up below).
     }
@@ -617,28 +659,26 @@ __global__ void __launch_bounds__(kThreads) fused_softmax_topk(const T* __restri
       partial = 0.0f;
 #pragma unroll
       for (int c = 0; c < N / V; ++c) {
-        const int first = expert_of<L, V>(c * V, seg_lane);
-        if (first >= a.num_experts) continue;  // padding weighs 0
+        if (!active || expert_of<L, V>(c * V, seg_lane) >= a.num_experts) continue;  // padding weighs 0
         float v[V];
-        load_vector<T, V>(row_logits + first, v);
+        load_vector<T, V>(lane_logits + c * L * V, v);
 #pragma unroll
-        for (int i = 0; i < V; ++i) partial += softmax_mass_fast(v[i], row_max);
+        for (int i = 0; i < V; ++i) partial += softmax_mass_fast(v[i], row_max, max_ok);
       }
     }
-    const float denominator = segment_sum<L>(partial);
+    // The row's top winner weighs exactly 1 unless nothing does (a row of -Inf and NaN): the sum is
+    // 0 or at least 1, so max(sum, 1) makes the 0 case weigh 0 / 1 without a test.
+    const float reciprocal = rcp_ftz(fmaxf(segment_sum<L>(partial), 1.0f));
 
-    if (row < a.num_tokens) {
 #pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        const int r = s * L + seg_lane;
-        if (r >= a.k) break;
-        const std::int64_t out = row * a.k + r;
-        // __fdividef is exact enough here: the denominator is in [1, 512] (the top winner weighs 1).
-        a.weights[out] = denominator > 0.0f ? __fdividef(mass[s], denominator) : 0.0f;
-        a.ids[out] = id[s];
-        if (a.counts != nullptr) atomicAdd(histogram + id[s], 1);
-      }
+    for (int s = 0; s < kSlots; ++s) {
+      if (!active || s * L + seg_lane >= a.k) break;
+      a.weights[out + s * L] = mass[s] * reciprocal;
+      a.ids[out + s * L] = id[s];
+      atomicAdd(histogram + id[s], 1);  // flushed only when counts are wanted
     }
+    lane_logits += stride.logits;
+    out += stride.outputs;
   }
   flush_histogram(histogram, a.num_experts, a.counts);
 }
@@ -847,9 +887,16 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices]) {
 template <typename T, int L, int N, int V, bool kVersion3>
 void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) {
   static std::atomic<int> cache[kCachedDevices];
-  const auto kernel = kVersion3 ? fused_softmax_topk_v3<T, L, N, V> : fused_softmax_topk<T, L, N, V>;
-  const unsigned blocks = grid_for(a.num_tokens, kWarpsPerBlock * (32 / L), blocks_per_sm(kernel, cache));
-  kernel<<<blocks, kThreads, 0, stream>>>(logits, a);
+  constexpr int kRowsPerBlock = kWarpsPerBlock * (32 / L);
+  if constexpr (kVersion3) {
+    const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
+    kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
+  } else {
+    const auto kernel = fused_softmax_topk<T, L, N, V>;
+    const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache));
+    const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
+    kernel<<<blocks, kThreads, 0, stream>>>(logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
+  }
 }
 
 template <typename T, int V, bool kVersion3>
