@@ -3,9 +3,10 @@
 // Cases: square 2048, 4096, 6144, 8192 and the MoE-like 4096×4096×7168 and 8192×7168×2048 (M×N×K),
 // bf16 in and out, fp32 accumulation. Goal cases: bf16_M4096_N4096_K4096 and bf16_M8192_N8192_K8192.
 // Variants: before (Chapter 2's gemm_bf16, mma.sync), step1_tma_wgmma, step2_pipeline,
-// step3_warp_specialized, step4_persistent, step5_cluster_multicast, after (the chapter's final kernel,
-// step 5: the same kernel as step5_cluster_multicast, measured again as a check of the run's spread),
-// vendor (cuBLAS GemmEx, fp32 accumulate).
+// step3_warp_specialized, step4_persistent, step5_cluster_multicast, step6_tma_store, after (the
+// chapter's final kernel, step 6: the same kernel as step6_tma_store, measured again as a check of the
+// run's spread), vendor (cuBLAS GemmEx, fp32 accumulate) and vendor_cublaslt (cuBLASLt's matmul with
+// its heuristic's first algorithm, Chapter 3's plan).
 // pytorch (torch.nn.functional.linear) comes from tools/pytorch_baselines.py.
 //
 // Counters: bytes_per_second from the fewest bytes (A, W, C once each) and flops = 2·M·N·K, the same
@@ -13,8 +14,8 @@
 // Compare variants with --benchmark_enable_random_interleaving and several repetitions (gpu_suite.sh
 // does): the goal is a ratio of medians.
 //
-// Run time at --benchmark_repetitions=5, estimated for an H200: 48 benchmarks × 5 repetitions × ~0.6 s
-// (MinTime 0.5 s of launches of 0.02-2 ms, plus filling up to ~1 GB of rotating inputs) ≈ 145 s.
+// Run time at --benchmark_repetitions=5, estimated for an H200: 60 benchmarks × 5 repetitions × ~0.6 s
+// (MinTime 0.5 s of launches of 0.02-2 ms, plus filling up to ~1 GB of rotating inputs) ≈ 180 s.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
 #include "vendor_cublas.hpp"
+#include "vendor_cublaslt.hpp"
 
 namespace {
 
@@ -112,6 +114,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     add("ch07/step3_warp_specialized/" + label, shape, step(HopperStep::warp_specialized));
     add("ch07/step4_persistent/" + label, shape, step(HopperStep::persistent));
     add("ch07/step5_cluster_multicast/" + label, shape, step(HopperStep::cluster_multicast));
+    add("ch07/step6_tma_store/" + label, shape, step(HopperStep::tma_store));
     add("ch07/after/" + label, shape, [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
       kc::ch07::gemm_bf16_hopper(a, w, c, s, q);
     });
@@ -120,6 +123,13 @@ void register_benchmarks(const kc::DeviceInfo& device) {
           const kc::ch02::CublasHandle cublas;  // created outside the timed region
           bench_gemm(st, device, shape, [&cublas](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
             kc::ch02::cublas_gemm_bf16(cublas, a, w, c, s, q);
+          });
+        }));
+    kc::bench::configure(
+        benchmark::RegisterBenchmark(("ch07/vendor_cublaslt/" + label).c_str(), [&device, shape](benchmark::State& st) {
+          const kc::ch03::CublasLtLinear lt(shape, false);  // planned outside the timed region
+          bench_gemm(st, device, shape, [&lt](const bf16* a, const bf16* w, bf16* c, GemmShape, cudaStream_t q) {
+            lt.run(a, w, nullptr, c, q);
           });
         }));
   }

@@ -45,7 +45,7 @@ using kc::test::bf16_gemm::shape_name;
 
 constexpr double kTolerance = 1e-2;  // see the top of the file
 constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma, HopperStep::pipeline, HopperStep::warp_specialized,
-                                 HopperStep::persistent, HopperStep::cluster_multicast};
+                                 HopperStep::persistent, HopperStep::cluster_multicast, HopperStep::tma_store};
 
 // 16-byte-aligned host storage for validation tests: the rules only look at addresses.
 struct alignas(16) HostBuffer {
@@ -200,13 +200,26 @@ TEST(HopperSteps, Table) {
   EXPECT_EQ(s5.stage_bytes, 49152) << "a stage still holds the whole W tile: half loaded here, half by the peer";
   EXPECT_EQ(s5.cluster_m, 2);
   EXPECT_TRUE(s5.persistent);
+  EXPECT_EQ(s5.c_staging_bytes, 0);
+
+  const auto s6 = kc::ch07::hopper_step_info(HopperStep::tma_store);
+  EXPECT_EQ(s6.block_m, 128);
+  EXPECT_EQ(s6.block_n, 256);
+  EXPECT_EQ(s6.threads, 384);
+  EXPECT_EQ(s6.stages, 3) << "the C staging buffer takes the fourth stage's room";
+  EXPECT_EQ(s6.stage_bytes, 49152);
+  EXPECT_EQ(s6.cluster_m, 2);
+  EXPECT_EQ(s6.c_staging_bytes, 128 * 256 * 2);
+  EXPECT_TRUE(s6.persistent);
 
   for (HopperStep step : kSteps) {
     const auto info = kc::ch07::hopper_step_info(step);
     SCOPED_TRACE(kc::ch07::to_string(step));
     EXPECT_LE(info.smem_bytes, kc::ch07::kSm90SmemPerBlock) << "fits an sm_90 block";
-    EXPECT_EQ(info.smem_bytes, 1024u + static_cast<std::size_t>(info.stages) * (info.stage_bytes + 16))
-        << "slack + stages + two barriers per stage";
+    EXPECT_EQ(info.smem_bytes, 1024u + static_cast<std::size_t>(info.stages) * (info.stage_bytes + 16) +
+                                   static_cast<std::size_t>(info.c_staging_bytes))
+        << "slack + stages + two barriers per stage + C staging";
+    EXPECT_EQ(info.c_staging_bytes % 1024, 0) << "the barriers after it stay aligned, the boxes in it too";
     EXPECT_EQ(info.stage_bytes % 1024, 0) << "each stage keeps the next 1024-byte aligned (128-byte swizzle)";
     EXPECT_LT(info.stage_bytes, 1 << 20) << "an mbarrier phase counts at most 2^20 - 1 bytes";
     EXPECT_EQ(info.block_m, 64 * info.consumer_warpgroups) << "each consumer warpgroup owns 64 rows";
@@ -221,7 +234,8 @@ TEST(HopperSteps, Names) {
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::warp_specialized), "step3_warp_specialized");
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::persistent), "step4_persistent");
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::cluster_multicast), "step5_cluster_multicast");
-  EXPECT_EQ(kc::ch07::kAfterStep, HopperStep::cluster_multicast);
+  EXPECT_STREQ(kc::ch07::to_string(HopperStep::tma_store), "step6_tma_store");
+  EXPECT_EQ(kc::ch07::kAfterStep, HopperStep::tma_store);
 }
 
 // ---------------------------------------------------------------- CPU: tensor maps
@@ -366,6 +380,73 @@ TEST(HopperFragments, SharedMemoryDescriptorFields) {
   EXPECT_EQ(kc::ch07::smem_descriptor_sw128(address + 32), d + 2);
   // Only the 18 bits of a shared-memory address take part.
   EXPECT_EQ(kc::ch07::smem_descriptor_sw128(address | 0xFFFC0000u), d);
+}
+
+// Step 6's staging: c_staging_offset lays a 64 × 256 tile out as four 64 × 64 boxes with 128-byte
+// swizzle (each element once, inside the 32 KiB buffer, chunks permuted within their own row), and the
+// stmatrix rows each lane addresses are the accumulator layout (register i of lane l of matrix j sits
+// where accumulator_position puts acc[8 · step + 2j], acc[8 · step + 2j + 1]), with no bank conflict
+// among the 8 rows of one matrix.
+TEST(HopperFragments, StagingLayoutIsTheSwizzledBoxAndMatchesTheAccumulators) {
+  constexpr int kN = 256;
+  std::set<int> offsets;
+  for (int row = 0; row < 64; ++row) {
+    for (int col = 0; col < kN; ++col) {
+      const int at = kc::ch07::c_staging_offset(row, col);
+      ASSERT_GE(at, 0);
+      ASSERT_LT(at, 64 * kN * 2);
+      EXPECT_EQ(at % 2, 0);
+      EXPECT_TRUE(offsets.insert(at).second) << "(" << row << ", " << col << ") shares a byte";
+      const int box = col / 64;
+      EXPECT_EQ(at / kc::ch07::kStoreBoxBytes, box) << "box col / 64";
+      EXPECT_EQ(at % kc::ch07::kStoreBoxBytes / 128, row) << "rows of 128 bytes within the box";
+      // The swizzle: chunk bits (4-6) XOR row bits (7-9) give the unswizzled chunk back.
+      const int in_box = at % kc::ch07::kStoreBoxBytes;
+      EXPECT_EQ(((in_box >> 4) & 7) ^ ((in_box >> 7) & 7), (col % 64) / 8);
+    }
+  }
+  EXPECT_EQ(kc::ch07::c_staging_offset(0, 0), 0);
+  EXPECT_EQ(kc::ch07::c_staging_offset(1, 0), 128 + 16) << "row 1's first chunk moves to chunk 1";
+  EXPECT_EQ(kc::ch07::c_staging_offset(0, 64), 8192) << "the second box";
+
+  for (int warp = 0; warp < 4; ++warp) {
+    for (int step = 0; step < kN / 16; ++step) {
+      for (int matrix = 0; matrix < 4; ++matrix) {
+        std::set<int> chunks;
+        for (int row_lane = 0; row_lane < 8; ++row_lane) {
+          const auto row = kc::ch07::stmatrix_row(warp, 8 * matrix + row_lane, step);
+          EXPECT_EQ(row.col % 8, 0);
+          chunks.insert(kc::ch07::c_staging_offset(row.row, row.col) / 16 % 8);
+        }
+        EXPECT_EQ(chunks.size(), 8u) << "8 rows in 8 different 16-byte chunks: all 32 banks, no conflict";
+        // Register `matrix` of thread t holds acc[8·step + 2·matrix] and the next: (row lane/4,
+        // column 2·(lane%4)) of the matrix whose rows lanes 8·matrix.. address.
+        for (int lane = 0; lane < 32; ++lane) {
+          const int thread = 32 * warp + lane;
+          const auto want = kc::ch07::stmatrix_row(warp, 8 * matrix + lane / 4, step);
+          const auto got = kc::ch07::accumulator_position(thread, 8 * step + 2 * matrix);
+          EXPECT_EQ(got.row, want.row) << "warp " << warp << " lane " << lane << " step " << step << " matrix " << matrix;
+          EXPECT_EQ(got.col, want.col + 2 * (lane % 4));
+        }
+      }
+    }
+  }
+}
+
+TEST(HopperTensorMaps, StepSixStoresThroughTmaOnlyWhenItCan) {
+  HostBuffer c;
+  EXPECT_TRUE(kc::ch07::c_tma_storable(c.data, {70, 136, 64}));
+  EXPECT_FALSE(kc::ch07::c_tma_storable(c.data, {70, 130, 64})) << "rows of 260 bytes: not a multiple of 16";
+  EXPECT_FALSE(kc::ch07::c_tma_storable(c.data + 4, {70, 136, 64})) << "8-byte aligned only";
+  const TensorMapSpec map = kc::ch07::c_store_map(c.data, {70, 136, 64});
+  EXPECT_EQ(map.global_dim[0], 136u);
+  EXPECT_EQ(map.global_dim[1], 70u);
+  EXPECT_EQ(map.row_stride_bytes, 272u);
+  EXPECT_EQ(map.box_dim[0], 64u);
+  EXPECT_EQ(map.box_dim[1], 64u);
+  EXPECT_EQ(map.box_bytes(), static_cast<std::uint32_t>(kc::ch07::kStoreBoxBytes));
+  EXPECT_EQ(map.swizzle, kc::ch07::TensorMapSwizzle::bytes128);
+  EXPECT_NO_THROW(kc::ch07::validate_tensor_map(map, "c"));
 }
 
 TEST(HopperFragments, TileOriginsWalkRows) {
@@ -583,12 +664,17 @@ const ShapeCase kShapes[] = {
     {{200, 8, 136}, false},      // M × 8: a thin output, most of every W box zero-filled
     {{127, 131, 64}, false},     // not multiples of any tile, odd N; step 5: one cluster, rank 1 idle
     {{129, 257, 520}, false},    // one past the 128 × 256 tile in M and N; K tail of 8
+    {{129, 264, 520}, false},    // N a multiple of 8 (step 6 stores through TMA): the last n-tile is
+                                 // 8 columns, its first box clipped and its other three not issued
     {{65, 129, 1000}, false},    // one past step 1's 64 × 128 tile; 16 slices: every pipeline wraps
     {{300, 520, 4104}, true},    // 65 slices, over 16 rounds of step 2's 7 stages and step 3's 4;
                                  // step 5: tiles_m = 3 (rank 1 of the last row has no rows), the last
                                  // n-tile's second W half (rows 640..) lies outside W
     {{2100, 4100, 72}, false},   // 17 × 17 tiles: several per persistent block and per cluster; tiles_m odd
+    {{2100, 4104, 72}, false},   // the same through step 6's TMA stores (N a multiple of 8): the staging
+                                 // buffer reused tile after tile, the last row of clusters half empty
     {{1000, 1500, 2056}, true},  // a few waves of blocks, every tile edge again
+    {{1000, 1504, 2056}, true},  // and with TMA stores
     {{4096, 4096, 4096}, true},  // a goal shape
 };
 
@@ -618,12 +704,14 @@ INSTANTIATE_TEST_SUITE_P(Steps, HopperGemmGpu,
                                   shape_name(std::get<1>(info.param).shape);
                          });
 
-// Random shapes: M and N in [1, 700], K a multiple of 8 in [8, 1200], for every step.
+// Random shapes: M and N in [1, 700] (N a multiple of 8 every other time), K a multiple of 8 in
+// [8, 1200], for every step.
 TEST_F(HopperGpuTest, RandomShapes) {
   const std::uint64_t seed = kc::test::test_seed();
   for (int i = 0; i < 6; ++i) {
+    const std::int64_t n = 1 + static_cast<std::int64_t>(kc::uniform01(seed, 3 * i + 1) * 700);
     const GemmShape s{1 + static_cast<std::int64_t>(kc::uniform01(seed, 3 * i) * 700),
-                      1 + static_cast<std::int64_t>(kc::uniform01(seed, 3 * i + 1) * 700),
+                      i % 2 == 1 ? (n + 7) / 8 * 8 : n,  // odd i: N a multiple of 8 (step 6's TMA stores)
                       8 * (1 + static_cast<std::int64_t>(kc::uniform01(seed, 3 * i + 2) * 150))};
     for (HopperStep step : kSteps) check_step(step, s, false);
   }
@@ -631,33 +719,44 @@ TEST_F(HopperGpuTest, RandomShapes) {
 
 // c only 2-byte aligned (an odd element offset) and N even: the launch must fall back to element
 // stores, and still write every element.
+// Step 6 with N a multiple of 8 but c only 8-byte aligned (4 elements in) falls back to register
+// stores too; with c 16-byte aligned (8 elements in) it stores through TMA from an offset base.
 TEST_F(HopperGpuTest, OddOutputOffsetUsesElementStores) {
-  const GemmShape s{70, 130, 64};
-  const Inputs in = random_inputs(s, kc::test::test_seed());
-  kc::DeviceBuffer<bf16> a(in.a), w(in.w);
-  kc::test::GuardedOutput<bf16> storage(static_cast<std::size_t>(s.m * s.n) + 1);
-  for (HopperStep step : kSteps) {
-    storage.poison();
-    kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), storage.data() + 1, s);
-    kc::check(cudaDeviceSynchronize());
-    const std::vector<bf16> all = storage.to_host();
-    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(all.data(), 1), kc::test::kPoisonByte), 1u)
-        << kc::ch07::to_string(step) << " wrote before c";
-    const std::span<const bf16> got(all.data() + 1, all.size() - 1);
-    kc::test::expect_close(compare_with_reference(in, got, s, 0), kTolerance, kc::ch07::to_string(step));
-    EXPECT_EQ(storage.guard_damage(), 0u);
+  struct Case {
+    GemmShape shape;
+    int offset;  // elements between the allocation and c
+  };
+  for (const Case& k : {Case{{70, 130, 64}, 1}, Case{{70, 136, 64}, 4}, Case{{70, 136, 64}, 8}}) {
+    const GemmShape s = k.shape;
+    SCOPED_TRACE(shape_name(s) + ", c at element " + std::to_string(k.offset));
+    const Inputs in = random_inputs(s, kc::test::test_seed());
+    kc::DeviceBuffer<bf16> a(in.a), w(in.w);
+    const auto offset = static_cast<std::size_t>(k.offset);
+    kc::test::GuardedOutput<bf16> storage(static_cast<std::size_t>(s.m * s.n) + offset);
+    for (HopperStep step : kSteps) {
+      storage.poison();
+      kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), storage.data() + offset, s);
+      kc::check(cudaDeviceSynchronize());
+      const std::vector<bf16> all = storage.to_host();
+      EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(all.data(), offset), kc::test::kPoisonByte), offset)
+          << kc::ch07::to_string(step) << " wrote before c";
+      const std::span<const bf16> got(all.data() + offset, all.size() - offset);
+      kc::test::expect_close(compare_with_reference(in, got, s, 0), kTolerance, kc::ch07::to_string(step));
+      EXPECT_EQ(storage.guard_damage(), 0u);
+    }
   }
 }
 
 // Graph capture (global mode: any synchronisation or allocation in the launch path fails it) and
 // bitwise repeatability, for every step.
 TEST_F(HopperGpuTest, GraphCapturableAndRepeatable) {
-  const GemmShape s{257, 300, 1032};
+  // N = 296 also takes step 6's TMA-store path (N a multiple of 8); N = 300 its register fallback.
+  for (const GemmShape s : {GemmShape{257, 300, 1032}, GemmShape{257, 296, 1032}}) {
   const Inputs in = random_inputs(s, kc::test::test_seed());
   kc::DeviceBuffer<bf16> a(in.a), w(in.w);
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
   for (HopperStep step : kSteps) {
-    SCOPED_TRACE(kc::ch07::to_string(step));
+    SCOPED_TRACE(std::string(kc::ch07::to_string(step)) + ", " + shape_name(s));
     kc::test::LaunchUnderTest run{
         [&](cudaStream_t stream) { kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), c.data(), s, stream); },
         [&] { c.poison(); },
@@ -668,6 +767,7 @@ TEST_F(HopperGpuTest, GraphCapturableAndRepeatable) {
         }};
     kc::test::expect_graph_capturable(run);
     kc::test::expect_bitwise_repeatable(run);
+  }
   }
 }
 

@@ -15,7 +15,9 @@
 ///                                 grouped order; the pipeline runs on across tiles; scale-d = 0.
 ///   5. step5_cluster_multicast.cu step 4 in clusters of two CTAs along M, each W tile loaded once
 ///                                 per cluster and multicast to both CTAs.
-/// Step 5 is the chapter's `after`.
+///   6. step6_tma_store.cu         step 5 with a TMA-store epilogue: C staged in shared memory with
+///                                 stmatrix and written by TMA while the next tile's math runs.
+/// Step 6 is the chapter's `after`.
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):
 ///   - every dimension of @p shape in [1, 2^31 - 1] (Chapter 2's validate_gemm_shape);
@@ -29,8 +31,8 @@
 /// or in a build whose CMAKE_CUDA_ARCHITECTURES has no 90 entry, the launch functions throw
 /// kc::ch07::UnsupportedGpu saying what they need, after validating the arguments.
 ///
-/// The launch functions neither allocate nor synchronise (CUDA-graph capturable): they encode the two
-/// tensor maps on the host (no GPU involved) and pass them by value. The first call on a device
+/// The launch functions neither allocate nor synchronise (CUDA-graph capturable): they encode the
+/// tensor maps (A, W, and for step 6 C) on the host (no GPU involved) and pass them by value. The first call on a device
 /// queries it and raises the kernels' shared-memory limits once; call once outside a capture first.
 #pragma once
 
@@ -55,11 +57,12 @@ enum class HopperStep {
   pipeline,           ///< step 2: larger tile, multi-stage full/empty pipeline
   warp_specialized,   ///< step 3: producer warpgroup + two consumers, setmaxnreg
   persistent,         ///< step 4: step 3 on a persistent grid in grouped tile order
-  cluster_multicast,  ///< step 5: step 4 in clusters of two, W multicast (the `after`)
+  cluster_multicast,  ///< step 5: step 4 in clusters of two, W multicast
+  tma_store,          ///< step 6: step 5 with a TMA-store epilogue (the `after`)
 };
 
 /// The chapter's final kernel, the one gemm_bf16_hopper runs.
-inline constexpr HopperStep kAfterStep = HopperStep::cluster_multicast;
+inline constexpr HopperStep kAfterStep = HopperStep::tma_store;
 
 /// What a step's kernel is, in numbers (the lesson's table and the CPU tests read these).
 struct HopperStepInfo {
@@ -73,6 +76,7 @@ struct HopperStepInfo {
   int stage_bytes = 0;          ///< bytes of one stage (A box + W box), what its full barrier expects
   std::size_t smem_bytes = 0;   ///< dynamic shared memory per block (with 1 KiB alignment slack)
   int cluster_m = 1;            ///< CTAs per cluster along M (2: each W box is half the tile, multicast)
+  int c_staging_bytes = 0;      ///< shared memory the epilogue stages C in (step 6: the whole tile, bf16)
   bool persistent = false;      ///< one block per SM (or cluster per SM pair) looping over tiles
 };
 
@@ -81,7 +85,7 @@ struct HopperStepInfo {
 HopperStepInfo hopper_step_info(HopperStep step);
 
 /// The benchmark variant name of @p step: "step1_tma_wgmma", "step2_pipeline", "step3_warp_specialized",
-/// "step4_persistent", "step5_cluster_multicast".
+/// "step4_persistent", "step5_cluster_multicast", "step6_tma_store".
 const char* to_string(HopperStep step);
 
 /// Thrown by the launch functions when this GPU (or this build) cannot run the sm_90a kernels.
@@ -115,7 +119,15 @@ struct OperandMaps {
 /// The maps of a launch (validate_gemm_bf16_hopper first; this only does the arithmetic). Host-only.
 OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step);
 
-/// C = A · Wᵀ with the chapter's final kernel (step 5).
+/// True when step 6 can store C through TMA: @p c 16-byte aligned and N a multiple of 8 (rows of a
+/// multiple of 16 bytes). Otherwise step 6 stores from registers, as step 5 does. Host-only.
+bool c_tma_storable(const __nv_bfloat16* c, GemmShape shape);
+
+/// Step 6's store map of C [M, N] at @p c: boxes of 64 rows × 64 columns with 128-byte swizzle, the
+/// layout each consumer warpgroup stages its accumulators in. Host-only arithmetic (see operand_maps).
+TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape);
+
+/// C = A · Wᵀ with the chapter's final kernel (step 6).
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned
 /// @param c [M, N] row-major output, 2-byte aligned

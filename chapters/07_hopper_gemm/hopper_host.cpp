@@ -20,6 +20,7 @@ TileConfig tile_config(HopperStep step) {
     case HopperStep::warp_specialized: return kStep3Tile;
     case HopperStep::persistent: return kStep4Tile;
     case HopperStep::cluster_multicast: return kStep5Tile;
+    case HopperStep::tma_store: return kStep6Tile;
   }
   throw InvalidArgument("step (" + std::to_string(static_cast<int>(step)) + ") is not a HopperStep");
 }
@@ -55,10 +56,22 @@ DeviceFacts current_device_facts() {
 
 HopperStepInfo hopper_step_info(HopperStep step) {
   const TileConfig t = tile_config(step);
-  const bool persistent = step == HopperStep::persistent || step == HopperStep::cluster_multicast;
-  return {
-      t.block_m,       t.block_n,      kBlockK,     t.threads(), t.consumer_warpgroups, t.producer_warpgroups, t.stages,
-      t.stage_bytes(), t.smem_bytes(), t.cluster_m, persistent};
+  const bool persistent = step == HopperStep::persistent || step == HopperStep::cluster_multicast ||
+                          step == HopperStep::tma_store;
+  HopperStepInfo info;
+  info.block_m = t.block_m;
+  info.block_n = t.block_n;
+  info.block_k = kBlockK;
+  info.threads = t.threads();
+  info.consumer_warpgroups = t.consumer_warpgroups;
+  info.producer_warpgroups = t.producer_warpgroups;
+  info.stages = t.stages;
+  info.stage_bytes = t.stage_bytes();
+  info.smem_bytes = t.smem_bytes();
+  info.cluster_m = t.cluster_m;
+  info.c_staging_bytes = t.c_staging_bytes();
+  info.persistent = persistent;
+  return info;
 }
 
 const char* to_string(HopperStep step) {
@@ -68,6 +81,7 @@ const char* to_string(HopperStep step) {
     case HopperStep::warp_specialized: return "step3_warp_specialized";
     case HopperStep::persistent: return "step4_persistent";
     case HopperStep::cluster_multicast: return "step5_cluster_multicast";
+    case HopperStep::tma_store: return "step6_tma_store";
   }
   return "unknown";
 }
@@ -114,6 +128,14 @@ void validate_gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, c
   if (overlaps(c, bytes(shape.m, shape.n), w, bytes(shape.n, shape.k))) throw InvalidArgument("c must not overlap w");
 }
 
+bool c_tma_storable(const __nv_bfloat16* c, GemmShape shape) {
+  return reinterpret_cast<std::uintptr_t>(c) % 16 == 0 && shape.n % 8 == 0;
+}
+
+TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape) {
+  return bf16_row_major_map(c, shape.m, shape.n, kStoreBoxRows);
+}
+
 OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step) {
   const TileConfig tile = tile_config(step);
   return {bf16_row_major_map(a, shape.m, shape.k, tile.block_m),
@@ -151,14 +173,18 @@ void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_b
                            static_cast<int>(shape.k),
                            static_cast<int>(ceil_div(shape.m, tile.block_m)),
                            static_cast<int>(ceil_div(shape.n, tile.block_n)),
-                           n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0};
+                           n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0,
+                           tile.c_staging && c_tma_storable(c, shape)};
   const auto tiles = static_cast<int>(static_cast<std::int64_t>(out.tiles_m) * out.tiles_n);
+  // Step 6's C map, only when its stores can use it (otherwise the kernel stores from registers).
+  const CUtensorMap c_map = out.tma_store ? encode_tensor_map(c_store_map(c, shape), "c") : CUtensorMap{};
   switch (step) {
     case HopperStep::tma_wgmma: detail::launch_step1(a_map, w_map, out, tiles, stream); break;
     case HopperStep::pipeline: detail::launch_step2(a_map, w_map, out, tiles, stream); break;
     case HopperStep::warp_specialized: detail::launch_step3(a_map, w_map, out, tiles, stream); break;
     case HopperStep::persistent: detail::launch_step4(a_map, w_map, out, tiles, stream); break;
     case HopperStep::cluster_multicast: detail::launch_step5(a_map, w_map, out, tiles, stream); break;
+    case HopperStep::tma_store: detail::launch_step6(a_map, w_map, c_map, out, tiles, stream); break;
   }
 }
 

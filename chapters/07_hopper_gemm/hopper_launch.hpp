@@ -20,6 +20,7 @@ struct Output {
   int tiles_m;         ///< tiles per column of C (ceil(m / block_m)): the persistent steps' order needs it
   int tiles_n;         ///< tiles per row of C (ceil(n / block_n))
   bool paired_stores;  ///< store bf16 pairs as 4-byte words
+  bool tma_store = false;  ///< step 6: store C through TMA (N a multiple of 8, c 16-byte aligned)
 };
 
 /// Step 1's launcher (step1_tma_wgmma.cu). Each launcher raises its kernel's shared-memory limit on first use per
@@ -43,6 +44,10 @@ void launch_step4(const CUtensorMap& a_map, const CUtensorMap& w_map, const Outp
 /// cluster tile.
 void launch_step5(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
                   cudaStream_t stream);
+/// Step 6's launcher (step6_tma_store.cu): like launch_step5, with the TMA-store epilogue, which
+/// writes C through @p c_map when out.tma_store (and from registers otherwise).
+void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map, const Output& out,
+                  int tiles, cudaStream_t stream);
 
 /// True in the build with kernels, false in the stub build.
 bool kernels_built();

@@ -280,4 +280,79 @@ __device__ __forceinline__ void store_accumulators(const float (&acc)[Count], co
   }
 }
 
+// ------------------------------------------------------------------------- the TMA-store epilogue (step 6)
+
+/// Waits until the @p threads threads (a multiple of 32) of the named barrier @p id have all arrived:
+/// a __syncthreads for one warpgroup (id 0 is __syncthreads' own; the consumers use 1 and 2).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// Makes this thread's ordinary shared-memory writes (st.shared, stmatrix) visible to the async proxy
+/// (TMA), which reads the staged C next. Every writing thread runs it before the barrier that
+/// precedes the TMA store.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/// stmatrix .x4: the warp stores four 8 × 8 bf16 matrices to shared memory. Lane l gives the address
+/// @p row_address of row l % 8 of matrix l / 8; register i of every lane (@p r0 .. @p r3) holds that
+/// lane's bf16 pair of matrix i: row lane / 4, columns 2 · (lane % 4) and + 1 (stmatrix_row).
+__device__ __forceinline__ void stmatrix_x4(std::uint32_t row_address, std::uint32_t r0, std::uint32_t r1,
+                                            std::uint32_t r2, std::uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared::cta.b16 [%0], {%1, %2, %3, %4};" ::"r"(row_address), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+/// Copies the box staged at @p src in shared memory to element coordinates (@p col, @p row) of
+/// @p map's matrix in global memory; the parts of the box outside the matrix are not written. The copy
+/// joins this thread's current bulk group (bulk_commit_group closes it).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int col, int row) {
+  const auto map_address = reinterpret_cast<std::uint64_t>(map);
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map_address),
+               "r"(smem_address(src)), "r"(col), "r"(row)
+               : "memory");
+}
+
+/// Closes this thread's bulk copies issued since the last commit into one group.
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+/// Waits until at most @p Pending of this thread's bulk groups are still reading their shared-memory
+/// source: the staging buffer may be overwritten (the global writes may still be in flight).
+template <int Pending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(Pending) : "memory");
+}
+
+/// Waits until at most @p Pending of this thread's bulk groups are still running, global writes included.
+template <int Pending>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(Pending) : "memory");
+}
+
+/// Packs two fp32 into one 32-bit register of two bf16 (round to nearest even), low half first.
+__device__ __forceinline__ std::uint32_t pack_bf16x2(float low, float high) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const std::uint32_t*>(&pair);
+}
+
+/// Writes one warpgroup's 64 × N fp32 accumulators, rounded to bf16, into its staging buffer at
+/// @p staging (1024-byte aligned) in the swizzled box layout of c_staging_offset: N / 16 stmatrix .x4
+/// per thread, each storing 8 rows of 16 bytes per matrix into 8 different 16-byte chunks of the
+/// 128-byte swizzle, so no two lanes of a phase share a bank.
+template <int Count>
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[Count], unsigned char* staging) {
+  const int thread = static_cast<int>(threadIdx.x % kWarpgroupThreads);
+  const int warp = thread / 32, lane = thread % 32;
+  const std::uint32_t base = smem_address(staging);
+#pragma unroll
+  for (int step = 0; step < Count / 8; ++step) {
+    const FragmentPosition row = stmatrix_row(warp, lane, step);
+    const float* a = acc + 8 * step;
+    stmatrix_x4(base + static_cast<std::uint32_t>(c_staging_offset(row.row, row.col)), pack_bf16x2(a[0], a[1]),
+                pack_bf16x2(a[2], a[3]), pack_bf16x2(a[4], a[5]), pack_bf16x2(a[6], a[7]));
+  }
+}
+
 }  // namespace kc::ch07::ptx

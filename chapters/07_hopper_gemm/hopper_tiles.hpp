@@ -34,6 +34,7 @@ struct TileConfig {
   int producer_warpgroups;  ///< warpgroups that only issue TMA (0: a consumer thread issues it)
   int stages;               ///< shared-memory buffers in the pipeline
   int cluster_m = 1;        ///< CTAs per thread-block cluster, along M (they share each W tile by multicast)
+  bool c_staging = false;   ///< the epilogue stages C in shared memory for TMA stores (step 6)
 
   /// Threads per block.
   __host__ __device__ constexpr int threads() const {
@@ -50,10 +51,13 @@ struct TileConfig {
   __host__ __device__ constexpr int w_tile_bytes() const { return block_n * kBlockK * 2; }
   /// Bytes one stage receives: what its full barrier expects (out-of-bounds zeros included).
   __host__ __device__ constexpr int stage_bytes() const { return a_box_bytes() + w_tile_bytes(); }
-  /// Dynamic shared memory: the alignment slack, the stages, a full and an empty barrier per stage.
+  /// Bytes of the epilogue's C staging buffer: the whole block tile in bf16 when c_staging, else 0.
+  __host__ __device__ constexpr int c_staging_bytes() const { return c_staging ? block_m * block_n * 2 : 0; }
+  /// Dynamic shared memory: the alignment slack, the stages, the C staging buffer (step 6), a full and
+  /// an empty barrier per stage.
   __host__ __device__ constexpr std::size_t smem_bytes() const {
     return static_cast<std::size_t>(kSwizzleAtomBytes) + static_cast<std::size_t>(stages) * stage_bytes() +
-           static_cast<std::size_t>(stages) * 2 * sizeof(std::uint64_t);
+           static_cast<std::size_t>(c_staging_bytes()) + static_cast<std::size_t>(stages) * 2 * sizeof(std::uint64_t);
   }
 };
 
@@ -75,11 +79,17 @@ inline constexpr TileConfig kStep4Tile = kStep3Tile;
 /// Step 5: step 4 in clusters of two CTAs along M; each CTA loads half of the W tile (128 rows) and
 /// multicasts it to both.
 inline constexpr TileConfig kStep5Tile{128, 256, 2, 1, kStep3Tile.stages, 2};
+/// Step 6: step 5 with a TMA-store epilogue. The 64 KiB C staging buffer (128 × 256 bf16) takes one
+/// stage's room: 3 stages of 48 KiB + 64 KiB fit in 227 KiB, 4 would not.
+inline constexpr TileConfig kStep6Tile{128, 256, 2, 1, 3, 2, true};
 
 static_assert(kStep2Tile.stages == 7 && kStep3Tile.stages == 4, "the lesson's stage counts");
 static_assert(kStep1Tile.smem_bytes() <= kSm90SmemPerBlock && kStep2Tile.smem_bytes() <= kSm90SmemPerBlock &&
-                  kStep3Tile.smem_bytes() <= kSm90SmemPerBlock && kStep5Tile.smem_bytes() <= kSm90SmemPerBlock,
+                  kStep3Tile.smem_bytes() <= kSm90SmemPerBlock && kStep5Tile.smem_bytes() <= kSm90SmemPerBlock &&
+                  kStep6Tile.smem_bytes() <= kSm90SmemPerBlock,
               "every step fits an sm_90 block");
+static_assert(TileConfig{128, 256, 2, 1, 4, 2, true}.smem_bytes() > kSm90SmemPerBlock,
+              "step 6 has 3 stages because a fourth does not fit next to the C staging buffer");
 static_assert(kStep1Tile.a_box_bytes() % kSwizzleAtomBytes == 0 && kStep1Tile.w_box_bytes() % kSwizzleAtomBytes == 0 &&
                   kStep3Tile.a_box_bytes() % kSwizzleAtomBytes == 0 &&
                   kStep3Tile.w_box_bytes() % kSwizzleAtomBytes == 0 &&
@@ -234,5 +244,42 @@ struct PipelineState {
     }
   }
 };
+
+// ------------------------------------------------------------------------------------------------
+// Step 6: the TMA-store epilogue. Each consumer warpgroup writes its 64 × block_n accumulators, as
+// bf16, into its half of the C staging buffer with stmatrix; one thread then hands the staged boxes to
+// TMA, which writes them to C (clipping at the matrix edges) while the warpgroup goes on to its next
+// tile. The staging buffer holds, per consumer, block_n / 64 boxes of 64 rows × 64 columns, each laid
+// out exactly as a TMA box with 128-byte swizzle: what the store's tensor map reads.
+
+/// Columns of C in one staged box: 64 bf16 = 128 bytes, the span of the 128-byte swizzle.
+inline constexpr int kStoreBoxCols = 64;
+/// Rows of C in one staged box: a consumer warpgroup's 64 rows.
+inline constexpr int kStoreBoxRows = 64;
+/// Bytes of one staged box (8 KiB, a multiple of the 1024-byte swizzle atom).
+inline constexpr int kStoreBoxBytes = kStoreBoxCols * kStoreBoxRows * 2;
+
+/// The byte offset of element (@p row, @p col) of a consumer's 64 × N tile in its staging buffer: box
+/// col / 64, then row · 128 bytes, then the 16-byte chunk (col % 64) / 8 XOR-ed with row % 8 (the
+/// 128-byte swizzle: chunk bits 4-6 of the address XOR row bits 7-9, within 1024-byte-aligned boxes),
+/// then 2 bytes per column within the chunk.
+__host__ __device__ constexpr int c_staging_offset(int row, int col) {
+  const int box = col / kStoreBoxCols, chunk = (col % kStoreBoxCols) / 8;
+  return box * kStoreBoxBytes + row * 128 + ((chunk ^ (row % 8)) * 16) + (col % 8) * 2;
+}
+
+/// The row of C, and the first of its 8 columns, that lane @p lane of warp @p warp (0..3 in its
+/// warpgroup) addresses in its @p step-th stmatrix .x4 (16 columns per step: columns 16 · step ..).
+/// An .x4 stores four 8 × 8 matrices; lanes 8i .. 8i + 7 address the rows of matrix i, and register i
+/// of every lane holds that lane's two elements of matrix i (row lane / 4, columns 2 · (lane % 4)):
+///   matrix 0: rows 16w + 0..7, columns +0..7    registers acc[8·step + 0, 1]
+///   matrix 1: rows 16w + 8..15, columns +0..7   registers acc[8·step + 2, 3]
+///   matrix 2: rows 16w + 0..7, columns +8..15   registers acc[8·step + 4, 5]
+///   matrix 3: rows 16w + 8..15, columns +8..15  registers acc[8·step + 6, 7]
+/// which is the wgmma accumulator layout (accumulator_position), tested on the CPU.
+__host__ __device__ constexpr FragmentPosition stmatrix_row(int warp, int lane, int step) {
+  const int matrix = lane / 8;
+  return {16 * warp + lane % 8 + 8 * (matrix & 1), 16 * step + 8 * (matrix >> 1)};
+}
 
 }  // namespace kc::ch07

@@ -1,4 +1,4 @@
-// Stand-in for the five kernels in a build whose CMAKE_CUDA_ARCHITECTURES has no 90 entry: the
+// Stand-in for the six kernels in a build whose CMAKE_CUDA_ARCHITECTURES has no 90 entry: the
 // library still links and every host-side rule still works, and a launch says what it needs.
 // (gemm_bf16_hopper_step checks kernels_built() first, so these are never reached through the API.)
 #include "hopper_gemm.hpp"
@@ -18,5 +18,8 @@ void launch_step2(const CUtensorMap&, const CUtensorMap&, const Output&, int, cu
 void launch_step3(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }
 void launch_step4(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }
 void launch_step5(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }
+void launch_step6(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) {
+  unavailable();
+}
 
 }  // namespace kc::ch07::detail

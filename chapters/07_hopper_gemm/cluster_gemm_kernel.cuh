@@ -1,0 +1,211 @@
+/// @file cluster_gemm_kernel.cuh
+/// @brief The kernel of steps 5 and 6: persistent clusters of two CTAs along M, each W tile loaded once
+/// per cluster and multicast to both CTAs (step5_cluster_multicast.cu explains the cluster protocol).
+/// The template parameter picks the epilogue: step 5 stores the accumulators from registers while the
+/// tensor cores wait; step 6 stages them in shared memory and lets TMA store them
+/// (step6_tma_store.cu explains it), so the consumers start their next tile at once.
+#pragma once
+
+#include "hopper_ptx.cuh"
+#include "kc/check.hpp"
+#include "kc/device_info.hpp"
+
+namespace kc::ch07::detail {
+
+/// The tile of step 5 (registers epilogue) or step 6 (TMA-store epilogue).
+template <bool kTmaStore>
+inline constexpr TileConfig kClusterTile = kTmaStore ? kStep6Tile : kStep5Tile;
+
+template <bool kTmaStore>
+__global__ void __launch_bounds__(kClusterTile<kTmaStore>.threads(), 1)
+    cluster_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
+                        const __grid_constant__ CUtensorMap c_map, const Output out) {
+  // (Lambdas below name kClusterTile<kTmaStore> itself: nvcc does not let them use a local constexpr.)
+  constexpr TileConfig kTile = kClusterTile<kTmaStore>;
+  constexpr int kConsumerWarps = kTile.consumer_warpgroups * kWarpgroupThreads / 32;
+  constexpr int kProducerRegisters = 40;
+  constexpr int kConsumerRegisters = 232;
+  constexpr std::uint16_t kAllCtas = (1u << kTile.cluster_m) - 1;  // multicast mask: every CTA of the cluster
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kTile.consumer_warpgroups * kConsumerRegisters) <=
+                    65536 / kTile.threads() / 8 * 8 * kTile.threads(),
+                "setmaxnreg moves registers between warpgroups; it cannot create them");
+  static_assert(!kTmaStore || kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
+                                  kStoreBoxBytes * (kTile.block_n / kStoreBoxCols),
+                "each consumer stages its 64 rows as block_n / 64 boxes of 64 × 64");
+
+  extern __shared__ unsigned char smem_raw[];
+  // The same layout in both CTAs (same kernel, same dynamic shared memory): a multicast writes one
+  // offset in each, so the aligned base must be the same offset too. It is: the runtime places
+  // dynamic shared memory identically in every CTA of a launch.
+  unsigned char* smem = ptx::align_to_swizzle_atom(smem_raw);
+  auto stage = [smem](int s) { return smem + s * kClusterTile<kTmaStore>.stage_bytes(); };
+  unsigned char* staging = smem + kTile.stages * kTile.stage_bytes();  // step 6's C staging (1024-aligned)
+  auto* full = reinterpret_cast<std::uint64_t*>(staging + kTile.c_staging_bytes());
+  std::uint64_t* empty = full + kTile.stages;
+
+  const int rank = ptx::cluster_rank();                                          // 0: upper 128 rows, 1: lower
+  const auto cluster = static_cast<std::int64_t>(blockIdx.x) / kTile.cluster_m;  // clusters are consecutive
+  const std::int64_t clusters = gridDim.x / kTile.cluster_m;
+  const std::int64_t cluster_tiles = cluster_tile_count(out.tiles_m, out.tiles_n, kTile.cluster_m);
+  const int k_tiles = (out.k + kBlockK - 1) / kBlockK;
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  // Both CTAs of a cluster walk the same cluster tiles, so they pass through the same number of
+  // slices and their barriers' rounds stay in step.
+  //
+  // A member tile past the last m-tile has no rows of C (rank 1 in the last row of an odd tiles_m);
+  // its origin is kept at row 0 so that no arithmetic on it can overflow.
+  struct MemberTile {
+    TileOrigin at;
+    bool has_rows;
+  };
+  auto tile_of = [&out, rank](std::int64_t cluster_tile) {
+    const TileCoord c =
+        cluster_member_tile(static_cast<int>(cluster_tile), rank, out.tiles_m, out.tiles_n, kGroupM,
+                            kClusterTile<kTmaStore>.cluster_m);
+    const bool has_rows = c.m_tile < out.tiles_m;
+    return MemberTile{
+        {has_rows ? c.m_tile * kClusterTile<kTmaStore>.block_m : 0, c.n_tile * kClusterTile<kTmaStore>.block_n},
+        has_rows};
+  };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kTile.stages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);  // this CTA's producer's expect_tx; the bytes come from both
+      ptx::mbarrier_init(&empty[s], kConsumerWarps * kTile.cluster_m);  // every consumer warp of the cluster
+    }
+    ptx::fence_mbarrier_init();  // release at cluster scope: the peer may use them next
+  }
+  ptx::cluster_sync();  // both CTAs' barriers exist before anyone multicasts or arrives remotely
+
+  if (warpgroup == 0) {
+    // ------------------------------------------------------------------------------------- producer
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      PipelineState p;
+      for (std::int64_t ct = cluster; ct < cluster_tiles; ct += clusters) {
+        const MemberTile t = tile_of(ct);
+        const bool own_w_slice = w_slice_in_matrix(kTile, rank, t.at.n0, out.n);
+        const int w_row = own_w_slice ? t.at.n0 + rank * kTile.w_box_rows() : 0;  // this CTA's half of W
+        const int bytes = cluster_stage_bytes(kTile, t.has_rows, t.at.n0, out.n);
+        for (int kt = 0; kt < k_tiles; ++kt, p.advance(kTile.stages)) {
+          // The refill writes into both CTAs: wait until both CTAs' consumers released the stage.
+          if (p.wrapped) ptx::mbarrier_wait(&empty[p.stage], p.phase ^ 1u);
+          ptx::mbarrier_arrive_expect_tx(&full[p.stage], static_cast<std::uint32_t>(bytes));
+          if (t.has_rows) ptx::tma_load_2d(stage(p.stage), &a_map, &full[p.stage], kt * kBlockK, t.at.m0);
+          if (own_w_slice) {
+            ptx::tma_load_2d_multicast(stage(p.stage) + kTile.a_box_bytes() + rank * kTile.w_box_bytes(), &w_map,
+                                       &full[p.stage], kt * kBlockK, w_row, kAllCtas);
+          }
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------------------------ consumers
+    ptx::setmaxnreg_inc<kConsumerRegisters>();
+    const int consumer = warpgroup - 1;  // rows 64·consumer .. 64·consumer + 63 of each tile
+    const bool lane0 = threadIdx.x % 32 == 0;
+    // Step 6: the thread that issues this warpgroup's TMA stores (bulk groups belong to a thread).
+    const bool store_leader = threadIdx.x % kWarpgroupThreads == 0;
+    unsigned char* my_staging = staging + consumer * (kTile.c_staging_bytes() / kTile.consumer_warpgroups);
+    // A consumer warp is done with a stage: tell the empty barrier of every CTA that wrote into it.
+    auto release = [empty, lane0](int s) {
+      if (!lane0) return;
+      for (int cta = 0; cta < kClusterTile<kTmaStore>.cluster_m; ++cta) ptx::mbarrier_arrive_cluster(&empty[s], cta);
+    };
+    float acc[kTile.block_n / 2];  // no zeroing: each tile's first wgmma has scale-d = 0
+    PipelineState c;
+    int previous_stage = 0;
+    for (std::int64_t ct = cluster; ct < cluster_tiles; ct += clusters) {
+      const MemberTile t = tile_of(ct);
+      for (int kt = 0; kt < k_tiles; ++kt, c.advance(kTile.stages)) {
+        ptx::mbarrier_wait(&full[c.stage], c.phase);
+        if (t.has_rows) {
+          const std::uint64_t a_desc = ptx::descriptor_of(stage(c.stage) + consumer * 64 * 128);
+          const std::uint64_t w_desc = ptx::descriptor_of(stage(c.stage) + kTile.a_box_bytes());
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kBlockK / 16; ++kk) {
+            ptx::wgmma_m64n256k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > 0 || kk > 0 ? 1 : 0);
+          }
+          ptx::wgmma_commit_group();
+        }
+        ptx::wgmma_wait_group<1>();
+        if (kt > 0) release(previous_stage);
+        previous_stage = c.stage;
+      }
+      ptx::wgmma_wait_group<0>();
+      release(previous_stage);
+      if (!t.has_rows) continue;
+      ptx::fence_accumulators(acc);
+      const int row0 = t.at.m0 + 64 * consumer;
+      if (kTmaStore && out.tma_store) {
+        // Step 6. The staging buffer is free once the previous tile's stores have read it (in practice
+        // long ago: a whole tile of math has passed); the barrier tells the other 127 threads.
+        if (store_leader) ptx::bulk_wait_group_read<0>();
+        ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
+        ptx::stage_accumulators(acc, my_staging);
+        ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
+        ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
+        if (store_leader) {
+          if (row0 < out.m) {
+            for (int box = 0; box < kTile.block_n / kStoreBoxCols; ++box) {
+              const int col = t.at.n0 + box * kStoreBoxCols;
+              if (col < out.n) ptx::tma_store_2d(&c_map, my_staging + box * kStoreBoxBytes, col, row0);
+            }
+          }
+          ptx::bulk_commit_group();
+        }
+        // No wait: the warpgroup goes straight on to its next tile while TMA writes this one.
+      } else {
+        ptx::store_accumulators(acc, out, row0, t.at.n0);
+      }
+    }
+    // Step 6: the staged tiles must have left shared memory (and reached C) before the CTA exits.
+    if (kTmaStore && store_leader) ptx::bulk_wait_group<0>();
+  }
+  // Every thread of both CTAs, whatever its role: the last remote arrivals on this CTA's barriers
+  // happen before either CTA leaves.
+  ptx::cluster_sync();
+}
+
+/// Launches cluster_gemm_kernel<kTmaStore> on @p stream: as many clusters of two as the GPU holds at
+/// once (queried once per device, with the shared-memory opt-in), at most one per cluster tile.
+/// @p c_map is read only when kTmaStore and out.tma_store.
+template <bool kTmaStore>
+void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                         const Output& out, cudaStream_t stream) {
+  constexpr TileConfig kTile = kClusterTile<kTmaStore>;
+  cudaLaunchAttribute cluster_dims{};
+  cluster_dims.id = cudaLaunchAttributeClusterDimension;
+  cluster_dims.val.clusterDim.x = kTile.cluster_m;  // pairs of consecutive blockIdx.x
+  cluster_dims.val.clusterDim.y = 1;
+  cluster_dims.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kTile.cluster_m);  // one cluster for the occupancy query; the real grid below
+  config.blockDim = dim3(kTile.threads());
+  config.dynamicSmemBytes = kTile.smem_bytes();
+  config.stream = stream;
+  config.attrs = &cluster_dims;
+  config.numAttrs = 1;
+  // Once per device (never inside a graph capture after the first call): the shared-memory opt-in, and
+  // how many clusters of this kernel the GPU holds at once, which sizes the grid. Clusters must fit in
+  // one GPC, so this can be less than SMs / 2 (an odd SM left over in a GPC stays idle).
+  const int resident_clusters = cached_per_device([&config](int device) {
+    check(cudaFuncSetAttribute(cluster_gemm_kernel<kTmaStore>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kClusterTile<kTmaStore>.smem_bytes())));
+    int clusters = 0;
+    check(cudaOccupancyMaxActiveClusters(&clusters, cluster_gemm_kernel<kTmaStore>, &config));
+    if (clusters < 1) {  // no answer: fall back to pairs of SMs (the grid stays correct, only less resident)
+      int sms = 0;
+      check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      clusters = sms / kClusterTile<kTmaStore>.cluster_m;
+    }
+    return clusters;
+  });
+  config.gridDim =
+      dim3(static_cast<unsigned>(cluster_grid(out.tiles_m, out.tiles_n, kTile.cluster_m, resident_clusters)));
+  check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<kTmaStore>, a_map, w_map, c_map, out));
+  check_launch();
+}
+
+}  // namespace kc::ch07::detail

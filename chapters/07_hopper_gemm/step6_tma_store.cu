@@ -1,0 +1,35 @@
+// Step 6: a TMA-store epilogue, so the tensor cores do not wait for C to be written.
+//
+// What changed from step 5:
+//   - The store. In step 5, when a tile's last slice is done, both consumer warpgroups spend the
+//     epilogue issuing 64 scattered 4-byte stores per thread, and every SM does so at about the same
+//     moment (the tiles of a wave finish together): 132 · 64 KiB of C hit the memory system in one
+//     burst while no wgmma runs. Here each consumer writes its 64 × 256 accumulators, rounded to bf16,
+//     into shared memory with stmatrix (16 instructions per thread, each storing four 8 × 8 matrices),
+//     and one thread hands the four 64 × 64 boxes to TMA (cp.async.bulk.tensor ... global.shared::cta).
+//     The warpgroup then starts its next tile at once; the copy engine writes C behind it, clipping at
+//     the edges of C as its loads zero-fill them.
+//   - The staging layout. The boxes are staged exactly as a TMA box with 128-byte swizzle looks in
+//     shared memory (c_staging_offset), which is also what makes stmatrix conflict-free: the 8 rows one
+//     matrix stores fall into 8 different 16-byte chunks, all 32 banks.
+//   - The proxy fence. stmatrix writes through the ordinary (generic) proxy and TMA reads through the
+//     async proxy: every writing thread runs fence.proxy.async.shared::cta before the warpgroup's
+//     barrier, and only then does the leader issue the store.
+//   - Reuse of the buffer. Before overwriting its staging buffer for the next tile, the leader waits
+//     until the previous stores have read it (cp.async.bulk.wait_group.read 0); the barrier passes
+//     that on. Before the CTA exits, it waits for the stores themselves (wait_group 0).
+//   - One stage fewer. The staging buffer is 64 KiB (128 × 256 bf16): with it, 3 stages of 48 KiB fit
+//     in 227 KiB, not 4. Three stages still keep two slices of loads in flight ahead of the math.
+//   - The fallback. TMA needs C's rows to be a multiple of 16 bytes (N a multiple of 8) and C
+//     16-byte aligned; otherwise (out.tma_store false) the step stores from registers as step 5 does.
+// The kernel is step 5's (cluster_gemm_kernel.cuh) with kTmaStore = true.
+#include "cluster_gemm_kernel.cuh"
+
+namespace kc::ch07::detail {
+
+void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map, const Output& out,
+                  int /*tiles*/, cudaStream_t stream) {
+  launch_cluster_gemm<true>(a_map, w_map, c_map, out, stream);
+}
+
+}  // namespace kc::ch07::detail
