@@ -8,6 +8,8 @@
 // run's spread), vendor (cuBLAS GemmEx, fp32 accumulate) and vendor_cublaslt (cuBLASLt's matmul with
 // its heuristic's first algorithm, Chapter 3's plan).
 // pytorch (torch.nn.functional.linear) comes from tools/pytorch_baselines.py.
+// KC_TUNE=1 registers the tuning rows instead (for docs/notes, not the results tables): step 6 against
+// its four-stage alternative (HopperTuning) and cuBLAS, on every case.
 //
 // Counters: bytes_per_second from the fewest bytes (A, W, C once each) and flops = 2·M·N·K, the same
 // for every variant of a case. Inputs rotate over enough independent sets to exceed twice the L2.
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,6 +41,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 using kc::ch07::GemmShape;
 using kc::ch07::HopperStep;
+using kc::ch07::HopperTuning;
 
 constexpr std::size_t kMaxRotationBytes = std::size_t{8} << 30;
 
@@ -105,6 +109,25 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       kc::ch07::gemm_bf16_hopper_step(s, a, w, c, shape, q);
     };
   };
+  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
+    for (const GemmShape& shape : kShapes) {
+      const std::string label = case_label(shape);
+      add("ch07/tune_step6/" + label, shape, step(HopperStep::tma_store));
+      const HopperTuning four = HopperTuning::step6_four_stages;
+      add(std::string("ch07/") + kc::ch07::to_string(four) + "/" + label, shape,
+          [four](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
+            kc::ch07::gemm_bf16_hopper_tuning(four, a, w, c, s, q);
+          });
+      kc::bench::configure(
+          benchmark::RegisterBenchmark(("ch07/tune_vendor/" + label).c_str(), [&device, shape](benchmark::State& st) {
+            const kc::ch02::CublasHandle cublas;
+            bench_gemm(st, device, shape, [&cublas](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
+              kc::ch02::cublas_gemm_bf16(cublas, a, w, c, s, q);
+            });
+          }));
+    }
+    return;
+  }
   for (const GemmShape& shape : kShapes) {
     const std::string label = case_label(shape);
     add("ch07/before/" + label, shape,

@@ -228,6 +228,21 @@ TEST_F(HarnessGpu, EventTimerMeasuresBatchesAndGraphs) {
 
   cudaStream_t stream;
   kc::check(cudaStreamCreate(&stream));
+  // The hold in front of the start event is not timed, and it does delay the stream: 100 µs of hold
+  // plus nothing measures about 0 between the events, while the whole span is at least the hold.
+  cudaEvent_t before, after;
+  kc::check(cudaEventCreate(&before));
+  kc::check(cudaEventCreate(&after));
+  kc::check(cudaEventRecord(before, stream));
+  const double empty = timer.time_launches(stream, 1, [](int) {});
+  kc::check(cudaEventRecord(after, stream));
+  kc::check(cudaEventSynchronize(after));
+  float span_ms = 0.0f;
+  kc::check(cudaEventElapsedTime(&span_ms, before, after));
+  EXPECT_LT(empty, 0.02) << "an empty batch behind the hold measures (nearly) nothing";
+  EXPECT_GE(span_ms, kc::EventTimer::kHoldMicroseconds * 1e-3 * 0.9) << "the hold held the stream";
+  cudaEventDestroy(before);
+  cudaEventDestroy(after);
   cudaGraph_t graph;
   kc::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   spin_kernel<<<1, 32, 0, stream>>>(out.data(), 100000);

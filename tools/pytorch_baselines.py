@@ -8,7 +8,8 @@ results tables show PyTorch next to the course's own kernels.
     python3 tools/pytorch_baselines.py --chapters ch01 --out docs/results/h200 [--repetitions 10]
 
 Timing: CUDA events around a batch of launches (one event pair cannot resolve a kernel of a few
-microseconds), the per-launch time being the batch's time over its launch count; inputs rotate over
+microseconds), the start event queued behind a ~100 µs GPU-side hold (torch.cuda._sleep) as the C++
+benchmarks do, the per-launch time being the batch's time over its launch count; inputs rotate over
 enough independent sets to exceed twice the L2 size (so every launch reads device memory); 3 warm-up
 samples, then ``--repetitions`` timed samples. Counters follow the course's convention:
 ``bytes_per_second`` counts the case's fewest bytes, ``flops`` the useful floating-point operations.
@@ -204,6 +205,10 @@ class Env:
     log: Callable[[str], None] = print
 
 
+# About 100 µs of GPU clock cycles at the H200's ~2 GHz: torch.cuda._sleep spins for a cycle count.
+HOLD_CYCLES = 200_000
+
+
 def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) -> Dict[str, List[float]]:
     """Times ``env.warmup`` + ``env.repetitions`` samples. A sample is ``batch`` calls, rotating
     over ``launches`` (one callable per input set), between two CUDA events. Returns the per-launch
@@ -217,6 +222,10 @@ def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) ->
     cpu_times: List[float] = []
     for sample in range(env.warmup + env.repetitions):
         cpu0 = time.thread_time()
+        # As kc::EventTimer does: hold the stream on the GPU for a moment before the start event, so
+        # the start fires once the first launches are queued and the GPU never waits on the host's
+        # cost of the first launch inside the timed span.
+        torch.cuda._sleep(HOLD_CYCLES)
         start.record()
         for _ in range(batch):
             launches[index]()

@@ -12,16 +12,18 @@
 
 namespace kc::ch07::detail {
 
-/// The tile of step 5 (registers epilogue) or step 6 (TMA-store epilogue).
-template <bool kTmaStore>
-inline constexpr TileConfig kClusterTile = kTmaStore ? kStep6Tile : kStep5Tile;
+/// The tile of step 5 (registers epilogue) or step 6 (TMA-store epilogue; with kStoreParts = 2 its
+/// four-stage alternative, which stages half of the tile at a time).
+template <bool kTmaStore, int kStoreParts = 1>
+inline constexpr TileConfig kClusterTile =
+    kTmaStore ? (kStoreParts == 1 ? kStep6Tile : kStep6FourStageTile) : kStep5Tile;
 
-template <bool kTmaStore>
-__global__ void __launch_bounds__(kClusterTile<kTmaStore>.threads(), 1)
+template <bool kTmaStore, int kStoreParts>
+__global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads(), 1)
     cluster_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap c_map, const Output out) {
-  // (Lambdas below name kClusterTile<kTmaStore> itself: nvcc does not let them use a local constexpr.)
-  constexpr TileConfig kTile = kClusterTile<kTmaStore>;
+  // (Lambdas below name kClusterTile<kTmaStore, kStoreParts> itself: nvcc does not let them use a local constexpr.)
+  constexpr TileConfig kTile = kClusterTile<kTmaStore, kStoreParts>;
   constexpr int kConsumerWarps = kTile.consumer_warpgroups * kWarpgroupThreads / 32;
   constexpr int kProducerRegisters = 40;
   constexpr int kConsumerRegisters = 232;
@@ -29,16 +31,18 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore>.threads(), 1)
   static_assert(kWarpgroupThreads * (kProducerRegisters + kTile.consumer_warpgroups * kConsumerRegisters) <=
                     65536 / kTile.threads() / 8 * 8 * kTile.threads(),
                 "setmaxnreg moves registers between warpgroups; it cannot create them");
-  static_assert(!kTmaStore || kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
-                                  kStoreBoxBytes * (kTile.block_n / kStoreBoxCols),
-                "each consumer stages its 64 rows as block_n / 64 boxes of 64 × 64");
+  constexpr int kPartCols = kTile.block_n / kStoreParts;  // columns of C staged at a time
+  static_assert(!kTmaStore || (kTile.c_staging_parts == kStoreParts &&
+                               kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
+                                   kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
+                "each consumer stages its 64 rows as block_n / kStoreParts / 64 boxes of 64 × 64 at a time");
 
   extern __shared__ unsigned char smem_raw[];
   // The same layout in both CTAs (same kernel, same dynamic shared memory): a multicast writes one
   // offset in each, so the aligned base must be the same offset too. It is: the runtime places
   // dynamic shared memory identically in every CTA of a launch.
   unsigned char* smem = ptx::align_to_swizzle_atom(smem_raw);
-  auto stage = [smem](int s) { return smem + s * kClusterTile<kTmaStore>.stage_bytes(); };
+  auto stage = [smem](int s) { return smem + s * kClusterTile<kTmaStore, kStoreParts>.stage_bytes(); };
   unsigned char* staging = smem + kTile.stages * kTile.stage_bytes();  // step 6's C staging (1024-aligned)
   auto* full = reinterpret_cast<std::uint64_t*>(staging + kTile.c_staging_bytes());
   std::uint64_t* empty = full + kTile.stages;
@@ -61,10 +65,10 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore>.threads(), 1)
   auto tile_of = [&out, rank](std::int64_t cluster_tile) {
     const TileCoord c =
         cluster_member_tile(static_cast<int>(cluster_tile), rank, out.tiles_m, out.tiles_n, kGroupM,
-                            kClusterTile<kTmaStore>.cluster_m);
+                            kClusterTile<kTmaStore, kStoreParts>.cluster_m);
     const bool has_rows = c.m_tile < out.tiles_m;
     return MemberTile{
-        {has_rows ? c.m_tile * kClusterTile<kTmaStore>.block_m : 0, c.n_tile * kClusterTile<kTmaStore>.block_n},
+        {has_rows ? c.m_tile * kClusterTile<kTmaStore, kStoreParts>.block_m : 0, c.n_tile * kClusterTile<kTmaStore, kStoreParts>.block_n},
         has_rows};
   };
 
@@ -110,7 +114,7 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore>.threads(), 1)
     // A consumer warp is done with a stage: tell the empty barrier of every CTA that wrote into it.
     auto release = [empty, lane0](int s) {
       if (!lane0) return;
-      for (int cta = 0; cta < kClusterTile<kTmaStore>.cluster_m; ++cta) ptx::mbarrier_arrive_cluster(&empty[s], cta);
+      for (int cta = 0; cta < kClusterTile<kTmaStore, kStoreParts>.cluster_m; ++cta) ptx::mbarrier_arrive_cluster(&empty[s], cta);
     };
     float acc[kTile.block_n / 2];  // no zeroing: each tile's first wgmma has scale-d = 0
     PipelineState c;
@@ -139,21 +143,25 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore>.threads(), 1)
       ptx::fence_accumulators(acc);
       const int row0 = t.at.m0 + 64 * consumer;
       if (kTmaStore && out.tma_store) {
-        // Step 6. The staging buffer is free once the previous tile's stores have read it (in practice
-        // long ago: a whole tile of math has passed); the barrier tells the other 127 threads.
-        if (store_leader) ptx::bulk_wait_group_read<0>();
-        ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
-        ptx::stage_accumulators(acc, my_staging);
-        ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
-        ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
-        if (store_leader) {
-          if (row0 < out.m) {
-            for (int box = 0; box < kTile.block_n / kStoreBoxCols; ++box) {
-              const int col = t.at.n0 + box * kStoreBoxCols;
-              if (col < out.n) ptx::tma_store_2d(&c_map, my_staging + box * kStoreBoxBytes, col, row0);
+        // Step 6. The staging buffer is free once the previous stores have read it (in practice long
+        // ago for the first part: a whole tile of math has passed); the barrier tells the other 127
+        // threads. With kStoreParts = 2 the second half waits for the first half's read.
+#pragma unroll
+        for (int part = 0; part < kStoreParts; ++part) {
+          if (store_leader) ptx::bulk_wait_group_read<0>();
+          ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
+          ptx::stage_accumulators<kPartCols / 16>(acc, my_staging, part * (kPartCols / 16));
+          ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
+          ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
+          if (store_leader) {
+            if (row0 < out.m) {
+              for (int box = 0; box < kPartCols / kStoreBoxCols; ++box) {
+                const int col = t.at.n0 + part * kPartCols + box * kStoreBoxCols;
+                if (col < out.n) ptx::tma_store_2d(&c_map, my_staging + box * kStoreBoxBytes, col, row0);
+              }
             }
+            ptx::bulk_commit_group();
           }
-          ptx::bulk_commit_group();
         }
         // No wait: the warpgroup goes straight on to its next tile while TMA writes this one.
       } else {
@@ -168,13 +176,13 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore>.threads(), 1)
   ptx::cluster_sync();
 }
 
-/// Launches cluster_gemm_kernel<kTmaStore> on @p stream: as many clusters of two as the GPU holds at
+/// Launches cluster_gemm_kernel<kTmaStore, kStoreParts> on @p stream: as many clusters of two as the GPU holds at
 /// once (queried once per device, with the shared-memory opt-in), at most one per cluster tile.
 /// @p c_map is read only when kTmaStore and out.tma_store.
-template <bool kTmaStore>
+template <bool kTmaStore, int kStoreParts = 1>
 void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                          const Output& out, cudaStream_t stream) {
-  constexpr TileConfig kTile = kClusterTile<kTmaStore>;
+  constexpr TileConfig kTile = kClusterTile<kTmaStore, kStoreParts>;
   cudaLaunchAttribute cluster_dims{};
   cluster_dims.id = cudaLaunchAttributeClusterDimension;
   cluster_dims.val.clusterDim.x = kTile.cluster_m;  // pairs of consecutive blockIdx.x
@@ -191,20 +199,20 @@ void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, con
   // how many clusters of this kernel the GPU holds at once, which sizes the grid. Clusters must fit in
   // one GPC, so this can be less than SMs / 2 (an odd SM left over in a GPC stays idle).
   const int resident_clusters = cached_per_device([&config](int device) {
-    check(cudaFuncSetAttribute(cluster_gemm_kernel<kTmaStore>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kClusterTile<kTmaStore>.smem_bytes())));
+    check(cudaFuncSetAttribute(cluster_gemm_kernel<kTmaStore, kStoreParts>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kClusterTile<kTmaStore, kStoreParts>.smem_bytes())));
     int clusters = 0;
-    check(cudaOccupancyMaxActiveClusters(&clusters, cluster_gemm_kernel<kTmaStore>, &config));
+    check(cudaOccupancyMaxActiveClusters(&clusters, cluster_gemm_kernel<kTmaStore, kStoreParts>, &config));
     if (clusters < 1) {  // no answer: fall back to pairs of SMs (the grid stays correct, only less resident)
       int sms = 0;
       check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      clusters = sms / kClusterTile<kTmaStore>.cluster_m;
+      clusters = sms / kClusterTile<kTmaStore, kStoreParts>.cluster_m;
     }
     return clusters;
   });
   config.gridDim =
       dim3(static_cast<unsigned>(cluster_grid(out.tiles_m, out.tiles_n, kTile.cluster_m, resident_clusters)));
-  check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<kTmaStore>, a_map, w_map, c_map, out));
+  check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<kTmaStore, kStoreParts>, a_map, w_map, c_map, out));
   check_launch();
 }
 

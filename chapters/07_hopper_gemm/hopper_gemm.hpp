@@ -136,6 +136,24 @@ TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape);
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                       cudaStream_t stream = nullptr);
 
+/// Measured alternatives to a ladder step, for the benchmark's tuning rows (KC_TUNE=1) and tests.
+enum class HopperTuning {
+  step6_four_stages,  ///< step 6 with 4 stages and C staged half a tile at a time (2 store rounds)
+};
+
+/// The benchmark variant name of @p tuning: "tune_step6_four_stages".
+const char* to_string(HopperTuning tuning);
+
+/// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step).
+/// @param tuning the alternative
+/// @param a [M, K] row-major, 16-byte aligned
+/// @param w [N, K] row-major, 16-byte aligned
+/// @param c [M, N] row-major output, 2-byte aligned
+/// @param shape M, N, K (K a multiple of 8)
+/// @param stream the stream to enqueue on
+void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                             GemmShape shape, cudaStream_t stream = nullptr);
+
 /// C = A · Wᵀ with the kernel of ladder step @p step (tests, benchmark, exercises). Same rules.
 /// @param step the ladder step
 /// @param a [M, K] row-major, 16-byte aligned

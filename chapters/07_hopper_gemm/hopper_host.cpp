@@ -142,8 +142,13 @@ OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmSha
           bf16_row_major_map(w, shape.n, shape.k, tile.w_box_rows())};
 }
 
-void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
-                           GemmShape shape, cudaStream_t stream) {
+namespace {
+
+// The launch path of every step and tuning alternative: @p tile is the kernel's tile, @p step the
+// ladder step whose rules and launcher apply (a tuning alternative passes its base step and
+// @p four_stages).
+void launch_gemm(HopperStep step, TileConfig tile, bool four_stages, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                 __nv_bfloat16* c, GemmShape shape, cudaStream_t stream) {
   // 1. Everything the host can check, before any CUDA call.
   validate_gemm_bf16_hopper(a, w, c, shape, step);
   const OperandMaps maps = operand_maps(a, w, shape, step);
@@ -157,7 +162,6 @@ void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_b
   }
   const DeviceFacts device = current_device_facts();
   if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
-  const TileConfig tile = tile_config(step);
   if (tile.smem_bytes() > device.smem_per_block_optin) {
     throw UnsupportedGpu(std::string(to_string(step)) + " needs " + std::to_string(tile.smem_bytes()) +
                          " bytes of shared memory per block; this GPU allows " +
@@ -184,8 +188,38 @@ void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_b
     case HopperStep::warp_specialized: detail::launch_step3(a_map, w_map, out, tiles, stream); break;
     case HopperStep::persistent: detail::launch_step4(a_map, w_map, out, tiles, stream); break;
     case HopperStep::cluster_multicast: detail::launch_step5(a_map, w_map, out, tiles, stream); break;
-    case HopperStep::tma_store: detail::launch_step6(a_map, w_map, c_map, out, tiles, stream); break;
+    case HopperStep::tma_store:
+      if (four_stages) {
+        detail::launch_step6_four_stages(a_map, w_map, c_map, out, tiles, stream);
+      } else {
+        detail::launch_step6(a_map, w_map, c_map, out, tiles, stream);
+      }
+      break;
   }
+}
+
+}  // namespace
+
+void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                           GemmShape shape, cudaStream_t stream) {
+  launch_gemm(step, tile_config(step), false, a, w, c, shape, stream);
+}
+
+const char* to_string(HopperTuning tuning) {
+  switch (tuning) {
+    case HopperTuning::step6_four_stages: return "tune_step6_four_stages";
+  }
+  return "unknown";
+}
+
+void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                             GemmShape shape, cudaStream_t stream) {
+  switch (tuning) {
+    case HopperTuning::step6_four_stages:
+      launch_gemm(HopperStep::tma_store, kStep6FourStageTile, true, a, w, c, shape, stream);
+      return;
+  }
+  throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }
 
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,

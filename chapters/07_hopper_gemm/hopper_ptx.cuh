@@ -337,19 +337,22 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float low, float high) {
   return *reinterpret_cast<const std::uint32_t*>(&pair);
 }
 
-/// Writes one warpgroup's 64 × N fp32 accumulators, rounded to bf16, into its staging buffer at
-/// @p staging (1024-byte aligned) in the swizzled box layout of c_staging_offset: N / 16 stmatrix .x4
-/// per thread, each storing 8 rows of 16 bytes per matrix into 8 different 16-byte chunks of the
-/// 128-byte swizzle, so no two lanes of a phase share a bank.
-template <int Count>
-__device__ __forceinline__ void stage_accumulators(const float (&acc)[Count], unsigned char* staging) {
+/// Writes @p Steps · 16 columns of one warpgroup's 64 × N fp32 accumulators, from column
+/// 16 · @p first_step on, rounded to bf16, into its staging buffer at @p staging (1024-byte aligned)
+/// in the swizzled box layout of c_staging_offset (column 16 · first_step lands at column 0): one
+/// stmatrix .x4 per 16 columns per thread, each storing 8 rows of 16 bytes per matrix into 8
+/// different 16-byte chunks of the 128-byte swizzle, so no two lanes of a phase share a bank.
+/// @p first_step must be known after unrolling (the accumulators must stay in registers).
+template <int Steps, int Count>
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[Count], unsigned char* staging, int first_step) {
+  static_assert(Steps * 8 <= Count, "no more columns than the accumulators hold");
   const int thread = static_cast<int>(threadIdx.x % kWarpgroupThreads);
   const int warp = thread / 32, lane = thread % 32;
   const std::uint32_t base = smem_address(staging);
 #pragma unroll
-  for (int step = 0; step < Count / 8; ++step) {
+  for (int step = 0; step < Steps; ++step) {
     const FragmentPosition row = stmatrix_row(warp, lane, step);
-    const float* a = acc + 8 * step;
+    const float* a = acc + 8 * (first_step + step);
     stmatrix_x4(base + static_cast<std::uint32_t>(c_staging_offset(row.row, row.col)), pack_bf16x2(a[0], a[1]),
                 pack_bf16x2(a[2], a[3]), pack_bf16x2(a[4], a[5]), pack_bf16x2(a[6], a[7]));
   }

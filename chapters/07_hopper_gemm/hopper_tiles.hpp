@@ -35,6 +35,7 @@ struct TileConfig {
   int stages;               ///< shared-memory buffers in the pipeline
   int cluster_m = 1;        ///< CTAs per thread-block cluster, along M (they share each W tile by multicast)
   bool c_staging = false;   ///< the epilogue stages C in shared memory for TMA stores (step 6)
+  int c_staging_parts = 1;  ///< the staging buffer holds 1 / c_staging_parts of the tile at a time
 
   /// Threads per block.
   __host__ __device__ constexpr int threads() const {
@@ -51,8 +52,11 @@ struct TileConfig {
   __host__ __device__ constexpr int w_tile_bytes() const { return block_n * kBlockK * 2; }
   /// Bytes one stage receives: what its full barrier expects (out-of-bounds zeros included).
   __host__ __device__ constexpr int stage_bytes() const { return a_box_bytes() + w_tile_bytes(); }
-  /// Bytes of the epilogue's C staging buffer: the whole block tile in bf16 when c_staging, else 0.
-  __host__ __device__ constexpr int c_staging_bytes() const { return c_staging ? block_m * block_n * 2 : 0; }
+  /// Bytes of the epilogue's C staging buffer: the block tile in bf16 (or the 1 / c_staging_parts of
+  /// its columns that is staged at a time) when c_staging, else 0.
+  __host__ __device__ constexpr int c_staging_bytes() const {
+    return c_staging ? block_m * block_n * 2 / c_staging_parts : 0;
+  }
   /// Dynamic shared memory: the alignment slack, the stages, the C staging buffer (step 6), a full and
   /// an empty barrier per stage.
   __host__ __device__ constexpr std::size_t smem_bytes() const {
@@ -82,14 +86,17 @@ inline constexpr TileConfig kStep5Tile{128, 256, 2, 1, kStep3Tile.stages, 2};
 /// Step 6: step 5 with a TMA-store epilogue. The 64 KiB C staging buffer (128 × 256 bf16) takes one
 /// stage's room: 3 stages of 48 KiB + 64 KiB fit in 227 KiB, 4 would not.
 inline constexpr TileConfig kStep6Tile{128, 256, 2, 1, 3, 2, true};
+/// Step 6's measured alternative (HopperTuning::step6_four_stages): 4 stages, and a staging buffer of
+/// half the tile, stored in two rounds per tile (the second waits until TMA has read the first).
+inline constexpr TileConfig kStep6FourStageTile{128, 256, 2, 1, 4, 2, true, 2};
 
 static_assert(kStep2Tile.stages == 7 && kStep3Tile.stages == 4, "the lesson's stage counts");
 static_assert(kStep1Tile.smem_bytes() <= kSm90SmemPerBlock && kStep2Tile.smem_bytes() <= kSm90SmemPerBlock &&
                   kStep3Tile.smem_bytes() <= kSm90SmemPerBlock && kStep5Tile.smem_bytes() <= kSm90SmemPerBlock &&
-                  kStep6Tile.smem_bytes() <= kSm90SmemPerBlock,
+                  kStep6Tile.smem_bytes() <= kSm90SmemPerBlock && kStep6FourStageTile.smem_bytes() <= kSm90SmemPerBlock,
               "every step fits an sm_90 block");
 static_assert(TileConfig{128, 256, 2, 1, 4, 2, true}.smem_bytes() > kSm90SmemPerBlock,
-              "step 6 has 3 stages because a fourth does not fit next to the C staging buffer");
+              "step 6 has 3 stages because a fourth does not fit next to a whole-tile C staging buffer");
 static_assert(kStep1Tile.a_box_bytes() % kSwizzleAtomBytes == 0 && kStep1Tile.w_box_bytes() % kSwizzleAtomBytes == 0 &&
                   kStep3Tile.a_box_bytes() % kSwizzleAtomBytes == 0 &&
                   kStep3Tile.w_box_bytes() % kSwizzleAtomBytes == 0 &&

@@ -21,5 +21,9 @@ void launch_step5(const CUtensorMap&, const CUtensorMap&, const Output&, int, cu
 void launch_step6(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) {
   unavailable();
 }
+void launch_step6_four_stages(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
+                              cudaStream_t) {
+  unavailable();
+}
 
 }  // namespace kc::ch07::detail

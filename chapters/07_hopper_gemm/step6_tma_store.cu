@@ -20,6 +20,8 @@
 //     that on. Before the CTA exits, it waits for the stores themselves (wait_group 0).
 //   - One stage fewer. The staging buffer is 64 KiB (128 × 256 bf16): with it, 3 stages of 48 KiB fit
 //     in 227 KiB, not 4. Three stages still keep two slices of loads in flight ahead of the math.
+//     The alternative, 4 stages and a 32 KiB buffer that takes the tile in two halves, is measured
+//     beside it (HopperTuning::step6_four_stages, the benchmark's KC_TUNE rows).
 //   - The fallback. TMA needs C's rows to be a multiple of 16 bytes (N a multiple of 8) and C
 //     16-byte aligned; otherwise (out.tma_store false) the step stores from registers as step 5 does.
 // The kernel is step 5's (cluster_gemm_kernel.cuh) with kTmaStore = true.
@@ -29,7 +31,14 @@ namespace kc::ch07::detail {
 
 void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map, const Output& out,
                   int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<true>(a_map, w_map, c_map, out, stream);
+  launch_cluster_gemm<true, 1>(a_map, w_map, c_map, out, stream);
+}
+
+// The alternative the tuning rows measure against this step: a fourth stage, paid for by staging
+// half of the tile at a time (the second half waits until TMA has read the first).
+void launch_step6_four_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                              const Output& out, int /*tiles*/, cudaStream_t stream) {
+  launch_cluster_gemm<true, 2>(a_map, w_map, c_map, out, stream);
 }
 
 }  // namespace kc::ch07::detail

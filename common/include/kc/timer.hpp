@@ -8,13 +8,27 @@
 
 namespace kc {
 
+/// Enqueues on @p stream a one-thread kernel that spins for @p microseconds of GPU time (common/src/
+/// gpu_hold.cu): the work queued behind it waits that long, while the host goes on enqueueing.
+void hold_stream(cudaStream_t stream, unsigned microseconds);
+
 /// Times GPU work on a stream with a pair of CUDA events.
 ///
 /// Events measure when the GPU reached each point in the stream, so host-side launch cost is not
-/// counted unless the GPU waits for it. A kernel of a few microseconds is shorter than the
-/// events' useful resolution (about 0.5 us): time a batch of launches and divide by the count.
+/// counted unless the GPU waits for it. It would wait for the first launch of every batch: the stream
+/// is idle when the start event is recorded, so the start fires at once and the GPU then sits idle
+/// while the host validates, encodes and enqueues that launch (several microseconds; a whole share of
+/// a batch of one or two long launches). So each timing first enqueues a short GPU-side hold
+/// (hold_stream, kHoldMicroseconds) and records the start event behind it: by the time the hold ends
+/// and the start fires, the first launches are already queued. A kernel of a few microseconds is
+/// shorter than the events' useful resolution (about 0.5 us): time a batch of launches and divide by
+/// the count.
 class EventTimer {
  public:
+  /// The hold in front of each start event: well above one launch's host cost (a few to tens of
+  /// microseconds), short against a benchmark's run time.
+  static constexpr unsigned kHoldMicroseconds = 100;
+
   EventTimer() {
     check(cudaEventCreate(&start_));
     check(cudaEventCreate(&stop_));
@@ -26,10 +40,11 @@ class EventTimer {
   EventTimer(const EventTimer&) = delete;
   EventTimer& operator=(const EventTimer&) = delete;
 
-  /// Records the start event, calls @p launch(i) for i in [0, count), records the stop event and
-  /// waits for it. Returns milliseconds per launch.
+  /// Holds @p stream (hold_stream), records the start event, calls @p launch(i) for i in
+  /// [0, count), records the stop event and waits for it. Returns milliseconds per launch.
   template <typename LaunchFn>
   double time_launches(cudaStream_t stream, int count, LaunchFn&& launch) {
+    hold_stream(stream, kHoldMicroseconds);
     check(cudaEventRecord(start_, stream));
     for (int i = 0; i < count; ++i) launch(i);
     check(cudaEventRecord(stop_, stream));
@@ -38,6 +53,7 @@ class EventTimer {
 
   /// Replays an instantiated graph @p replays times between the events. Returns milliseconds per replay.
   double time_graph(cudaGraphExec_t graph, cudaStream_t stream, int replays) {
+    hold_stream(stream, kHoldMicroseconds);
     check(cudaEventRecord(start_, stream));
     for (int i = 0; i < replays; ++i) check(cudaGraphLaunch(graph, stream));
     check(cudaEventRecord(stop_, stream));
