@@ -206,10 +206,10 @@ TEST(HopperSteps, Table) {
   EXPECT_EQ(s6.block_m, 128);
   EXPECT_EQ(s6.block_n, 256);
   EXPECT_EQ(s6.threads, 384);
-  EXPECT_EQ(s6.stages, 3) << "the C staging buffer takes the fourth stage's room";
+  EXPECT_EQ(s6.stages, 4) << "step 5's stages kept";
   EXPECT_EQ(s6.stage_bytes, 49152);
   EXPECT_EQ(s6.cluster_m, 2);
-  EXPECT_EQ(s6.c_staging_bytes, 128 * 256 * 2);
+  EXPECT_EQ(s6.c_staging_bytes, 128 * 256 * 2 / 2) << "half the tile staged at a time: what the 4 stages leave";
   EXPECT_TRUE(s6.persistent);
 
   for (HopperStep step : kSteps) {
@@ -236,11 +236,11 @@ TEST(HopperSteps, Names) {
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::cluster_multicast), "step5_cluster_multicast");
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::tma_store), "step6_tma_store");
   EXPECT_EQ(kc::ch07::kAfterStep, HopperStep::tma_store);
-  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_four_stages), "tune_step6_four_stages");
-  const auto four = kc::ch07::kStep6FourStageTile;
-  EXPECT_EQ(four.stages, 4);
-  EXPECT_EQ(four.c_staging_bytes(), 128 * 256 * 2 / 2) << "half the tile at a time";
-  EXPECT_LE(four.smem_bytes(), kc::ch07::kSm90SmemPerBlock);
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_three_stages), "tune_step6_three_stages");
+  const auto three = kc::ch07::kStep6ThreeStageTile;
+  EXPECT_EQ(three.stages, 3);
+  EXPECT_EQ(three.c_staging_bytes(), 128 * 256 * 2) << "the whole tile at once";
+  EXPECT_LE(three.smem_bytes(), kc::ch07::kSm90SmemPerBlock);
 }
 
 // ---------------------------------------------------------------- CPU: tensor maps
@@ -709,17 +709,17 @@ INSTANTIATE_TEST_SUITE_P(Steps, HopperGemmGpu,
                                   shape_name(std::get<1>(info.param).shape);
                          });
 
-// Step 6's four-stage alternative (the tuning rows): the same checks on the shapes that exercise its
-// two store rounds (N a multiple of 8: TMA stores; the last n-tile's second half partly or wholly
-// outside C) and its register fallback.
-TEST_F(HopperGpuTest, StepSixFourStageAlternative) {
+// Step 6's three-stage alternative (the tuning rows): the same checks on shapes that exercise its
+// whole-tile store (N a multiple of 8: TMA stores; the last n-tile partly outside C) and its register
+// fallback.
+TEST_F(HopperGpuTest, StepSixThreeStageAlternative) {
   for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{300, 392, 1032}, GemmShape{2100, 4104, 72},
                             GemmShape{127, 131, 64}}) {
     SCOPED_TRACE(shape_name(s));
     const Inputs in = random_inputs(s, kc::test::test_seed());
     kc::DeviceBuffer<bf16> a(in.a), w(in.w);
     kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
-    kc::ch07::gemm_bf16_hopper_tuning(kc::ch07::HopperTuning::step6_four_stages, a.data(), w.data(), c.data(), s);
+    kc::ch07::gemm_bf16_hopper_tuning(kc::ch07::HopperTuning::step6_three_stages, a.data(), w.data(), c.data(), s);
     kc::check(cudaDeviceSynchronize());
     const std::vector<bf16> got = c.to_host();
     EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), 0u) << "elements never written";

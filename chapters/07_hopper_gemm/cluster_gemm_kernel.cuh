@@ -12,11 +12,11 @@
 
 namespace kc::ch07::detail {
 
-/// The tile of step 5 (registers epilogue) or step 6 (TMA-store epilogue; with kStoreParts = 2 its
-/// four-stage alternative, which stages half of the tile at a time).
+/// The tile of step 5 (registers epilogue) or step 6 (TMA-store epilogue, half a tile staged at a
+/// time: kStoreParts = 2; with kStoreParts = 1 its three-stage alternative, which stages it whole).
 template <bool kTmaStore, int kStoreParts = 1>
 inline constexpr TileConfig kClusterTile =
-    kTmaStore ? (kStoreParts == 1 ? kStep6Tile : kStep6FourStageTile) : kStep5Tile;
+    kTmaStore ? (kStoreParts == 2 ? kStep6Tile : kStep6ThreeStageTile) : kStep5Tile;
 
 template <bool kTmaStore, int kStoreParts>
 __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads(), 1)

@@ -138,10 +138,10 @@ void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloa
 
 /// Measured alternatives to a ladder step, for the benchmark's tuning rows (KC_TUNE=1) and tests.
 enum class HopperTuning {
-  step6_four_stages,  ///< step 6 with 4 stages and C staged half a tile at a time (2 store rounds)
+  step6_three_stages,  ///< step 6 with 3 stages and the whole C tile staged at once (1 store round)
 };
 
-/// The benchmark variant name of @p tuning: "tune_step6_four_stages".
+/// The benchmark variant name of @p tuning: "tune_step6_three_stages".
 const char* to_string(HopperTuning tuning);
 
 /// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step).

@@ -146,8 +146,8 @@ namespace {
 
 // The launch path of every step and tuning alternative: @p tile is the kernel's tile, @p step the
 // ladder step whose rules and launcher apply (a tuning alternative passes its base step and
-// @p four_stages).
-void launch_gemm(HopperStep step, TileConfig tile, bool four_stages, const __nv_bfloat16* a, const __nv_bfloat16* w,
+// @p three_stages).
+void launch_gemm(HopperStep step, TileConfig tile, bool three_stages, const __nv_bfloat16* a, const __nv_bfloat16* w,
                  __nv_bfloat16* c, GemmShape shape, cudaStream_t stream) {
   // 1. Everything the host can check, before any CUDA call.
   validate_gemm_bf16_hopper(a, w, c, shape, step);
@@ -189,8 +189,8 @@ void launch_gemm(HopperStep step, TileConfig tile, bool four_stages, const __nv_
     case HopperStep::persistent: detail::launch_step4(a_map, w_map, out, tiles, stream); break;
     case HopperStep::cluster_multicast: detail::launch_step5(a_map, w_map, out, tiles, stream); break;
     case HopperStep::tma_store:
-      if (four_stages) {
-        detail::launch_step6_four_stages(a_map, w_map, c_map, out, tiles, stream);
+      if (three_stages) {
+        detail::launch_step6_three_stages(a_map, w_map, c_map, out, tiles, stream);
       } else {
         detail::launch_step6(a_map, w_map, c_map, out, tiles, stream);
       }
@@ -207,7 +207,7 @@ void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_b
 
 const char* to_string(HopperTuning tuning) {
   switch (tuning) {
-    case HopperTuning::step6_four_stages: return "tune_step6_four_stages";
+    case HopperTuning::step6_three_stages: return "tune_step6_three_stages";
   }
   return "unknown";
 }
@@ -215,8 +215,8 @@ const char* to_string(HopperTuning tuning) {
 void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                              GemmShape shape, cudaStream_t stream) {
   switch (tuning) {
-    case HopperTuning::step6_four_stages:
-      launch_gemm(HopperStep::tma_store, kStep6FourStageTile, true, a, w, c, shape, stream);
+    case HopperTuning::step6_three_stages:
+      launch_gemm(HopperStep::tma_store, kStep6ThreeStageTile, true, a, w, c, shape, stream);
       return;
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");

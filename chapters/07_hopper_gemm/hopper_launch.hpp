@@ -48,9 +48,9 @@ void launch_step5(const CUtensorMap& a_map, const CUtensorMap& w_map, const Outp
 /// writes C through @p c_map when out.tma_store (and from registers otherwise).
 void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map, const Output& out,
                   int tiles, cudaStream_t stream);
-/// Step 6's four-stage alternative (HopperTuning::step6_four_stages), as launch_step6.
-void launch_step6_four_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                              const Output& out, int tiles, cudaStream_t stream);
+/// Step 6's three-stage alternative (HopperTuning::step6_three_stages), as launch_step6.
+void launch_step6_three_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                               const Output& out, int tiles, cudaStream_t stream);
 
 /// True in the build with kernels, false in the stub build.
 bool kernels_built();

@@ -21,8 +21,8 @@ void launch_step5(const CUtensorMap&, const CUtensorMap&, const Output&, int, cu
 void launch_step6(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) {
   unavailable();
 }
-void launch_step6_four_stages(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
-                              cudaStream_t) {
+void launch_step6_three_stages(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
+                               cudaStream_t) {
   unavailable();
 }
 

@@ -6,7 +6,7 @@
 //     moment (the tiles of a wave finish together): 132 · 64 KiB of C hit the memory system in one
 //     burst while no wgmma runs. Here each consumer writes its 64 × 256 accumulators, rounded to bf16,
 //     into shared memory with stmatrix (16 instructions per thread, each storing four 8 × 8 matrices),
-//     and one thread hands the four 64 × 64 boxes to TMA (cp.async.bulk.tensor ... global.shared::cta).
+//     and one thread hands the 64 × 64 boxes to TMA (cp.async.bulk.tensor ... global.shared::cta).
 //     The warpgroup then starts its next tile at once; the copy engine writes C behind it, clipping at
 //     the edges of C as its loads zero-fill them.
 //   - The staging layout. The boxes are staged exactly as a TMA box with 128-byte swizzle looks in
@@ -18,10 +18,12 @@
 //   - Reuse of the buffer. Before overwriting its staging buffer for the next tile, the leader waits
 //     until the previous stores have read it (cp.async.bulk.wait_group.read 0); the barrier passes
 //     that on. Before the CTA exits, it waits for the stores themselves (wait_group 0).
-//   - One stage fewer. The staging buffer is 64 KiB (128 × 256 bf16): with it, 3 stages of 48 KiB fit
-//     in 227 KiB, not 4. Three stages still keep two slices of loads in flight ahead of the math.
-//     The alternative, 4 stages and a 32 KiB buffer that takes the tile in two halves, is measured
-//     beside it (HopperTuning::step6_four_stages, the benchmark's KC_TUNE rows).
+//   - Half a tile at a time. The whole tile would need 64 KiB of staging (128 × 256 bf16), and with it
+//     only 3 stages of 48 KiB fit in 227 KiB. Step 6 keeps step 5's 4 stages and stages the tile in
+//     two halves of 32 KiB: each consumer stores its left 64 × 128, waits until TMA has read them
+//     (a few hundred nanoseconds), then its right half. The alternative, 3 stages and the whole tile
+//     at once, is measured beside it (HopperTuning::step6_three_stages, the KC_TUNE rows): the fourth
+//     stage was worth more (docs/notes/ch07.md).
 //   - The fallback. TMA needs C's rows to be a multiple of 16 bytes (N a multiple of 8) and C
 //     16-byte aligned; otherwise (out.tma_store false) the step stores from registers as step 5 does.
 // The kernel is step 5's (cluster_gemm_kernel.cuh) with kTmaStore = true.
@@ -31,14 +33,14 @@ namespace kc::ch07::detail {
 
 void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map, const Output& out,
                   int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<true, 1>(a_map, w_map, c_map, out, stream);
+  launch_cluster_gemm<true, 2>(a_map, w_map, c_map, out, stream);
 }
 
-// The alternative the tuning rows measure against this step: a fourth stage, paid for by staging
-// half of the tile at a time (the second half waits until TMA has read the first).
-void launch_step6_four_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                              const Output& out, int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<true, 2>(a_map, w_map, c_map, out, stream);
+// The alternative the tuning rows measure against this step: the whole tile staged at once, paid for
+// with the fourth stage.
+void launch_step6_three_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                               const Output& out, int /*tiles*/, cudaStream_t stream) {
+  launch_cluster_gemm<true, 1>(a_map, w_map, c_map, out, stream);
 }
 
 }  // namespace kc::ch07::detail
