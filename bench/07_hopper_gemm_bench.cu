@@ -121,9 +121,10 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       kc::bench::configure(
           benchmark::RegisterBenchmark(("ch07/tune_vendor/" + label).c_str(), [&device, shape](benchmark::State& st) {
             const kc::ch02::CublasHandle cublas;
-            bench_gemm(st, device, shape, [&cublas](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
-              kc::ch02::cublas_gemm_bf16(cublas, a, w, c, s, q);
-            });
+            bench_gemm(st, device, shape,
+                       [&cublas](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
+                         kc::ch02::cublas_gemm_bf16(cublas, a, w, c, s, q);
+                       });
           }));
     }
     return;

@@ -44,7 +44,7 @@ using kc::test::bf16_gemm::random_inputs;
 using kc::test::bf16_gemm::shape_name;
 
 constexpr double kTolerance = 1e-2;  // see the top of the file
-constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma, HopperStep::pipeline, HopperStep::warp_specialized,
+constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma,  HopperStep::pipeline,          HopperStep::warp_specialized,
                                  HopperStep::persistent, HopperStep::cluster_multicast, HopperStep::tma_store};
 
 // 16-byte-aligned host storage for validation tests: the rules only look at addresses.
@@ -430,7 +430,8 @@ TEST(HopperFragments, StagingLayoutIsTheSwizzledBoxAndMatchesTheAccumulators) {
           const int thread = 32 * warp + lane;
           const auto want = kc::ch07::stmatrix_row(warp, 8 * matrix + lane / 4, step);
           const auto got = kc::ch07::accumulator_position(thread, 8 * step + 2 * matrix);
-          EXPECT_EQ(got.row, want.row) << "warp " << warp << " lane " << lane << " step " << step << " matrix " << matrix;
+          EXPECT_EQ(got.row, want.row) << "warp " << warp << " lane " << lane << " step " << step << " matrix "
+                                       << matrix;
           EXPECT_EQ(got.col, want.col + 2 * (lane % 4));
         }
       }
@@ -713,8 +714,8 @@ INSTANTIATE_TEST_SUITE_P(Steps, HopperGemmGpu,
 // whole-tile store (N a multiple of 8: TMA stores; the last n-tile partly outside C) and its register
 // fallback.
 TEST_F(HopperGpuTest, StepSixThreeStageAlternative) {
-  for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{300, 392, 1032}, GemmShape{2100, 4104, 72},
-                            GemmShape{127, 131, 64}}) {
+  for (const GemmShape s :
+       {GemmShape{129, 264, 520}, GemmShape{300, 392, 1032}, GemmShape{2100, 4104, 72}, GemmShape{127, 131, 64}}) {
     SCOPED_TRACE(shape_name(s));
     const Inputs in = random_inputs(s, kc::test::test_seed());
     kc::DeviceBuffer<bf16> a(in.a), w(in.w);
@@ -776,22 +777,22 @@ TEST_F(HopperGpuTest, OddOutputOffsetUsesElementStores) {
 TEST_F(HopperGpuTest, GraphCapturableAndRepeatable) {
   // N = 296 also takes step 6's TMA-store path (N a multiple of 8); N = 300 its register fallback.
   for (const GemmShape s : {GemmShape{257, 300, 1032}, GemmShape{257, 296, 1032}}) {
-  const Inputs in = random_inputs(s, kc::test::test_seed());
-  kc::DeviceBuffer<bf16> a(in.a), w(in.w);
-  kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
-  for (HopperStep step : kSteps) {
-    SCOPED_TRACE(std::string(kc::ch07::to_string(step)) + ", " + shape_name(s));
-    kc::test::LaunchUnderTest run{
-        [&](cudaStream_t stream) { kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), c.data(), s, stream); },
-        [&] { c.poison(); },
-        [&] {
-          const std::vector<bf16> host = c.to_host();
-          const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
-          return std::vector<unsigned char>(bytes, bytes + host.size() * sizeof(bf16));
-        }};
-    kc::test::expect_graph_capturable(run);
-    kc::test::expect_bitwise_repeatable(run);
-  }
+    const Inputs in = random_inputs(s, kc::test::test_seed());
+    kc::DeviceBuffer<bf16> a(in.a), w(in.w);
+    kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
+    for (HopperStep step : kSteps) {
+      SCOPED_TRACE(std::string(kc::ch07::to_string(step)) + ", " + shape_name(s));
+      kc::test::LaunchUnderTest run{
+          [&](cudaStream_t stream) { kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), c.data(), s, stream); },
+          [&] { c.poison(); },
+          [&] {
+            const std::vector<bf16> host = c.to_host();
+            const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
+            return std::vector<unsigned char>(bytes, bytes + host.size() * sizeof(bf16));
+          }};
+      kc::test::expect_graph_capturable(run);
+      kc::test::expect_bitwise_repeatable(run);
+    }
   }
 }
 

@@ -15,8 +15,8 @@ namespace kc::ch07::detail {
 /// The tile of step 5 (registers epilogue) or step 6 (TMA-store epilogue, half a tile staged at a
 /// time: kStoreParts = 2; with kStoreParts = 1 its three-stage alternative, which stages it whole).
 template <bool kTmaStore, int kStoreParts = 1>
-inline constexpr TileConfig kClusterTile =
-    kTmaStore ? (kStoreParts == 2 ? kStep6Tile : kStep6ThreeStageTile) : kStep5Tile;
+inline constexpr TileConfig kClusterTile = kTmaStore ? (kStoreParts == 2 ? kStep6Tile : kStep6ThreeStageTile)
+                                                     : kStep5Tile;
 
 template <bool kTmaStore, int kStoreParts>
 __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads(), 1)
@@ -32,10 +32,10 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads()
                     65536 / kTile.threads() / 8 * 8 * kTile.threads(),
                 "setmaxnreg moves registers between warpgroups; it cannot create them");
   constexpr int kPartCols = kTile.block_n / kStoreParts;  // columns of C staged at a time
-  static_assert(!kTmaStore || (kTile.c_staging_parts == kStoreParts &&
-                               kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
-                                   kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
-                "each consumer stages its 64 rows as block_n / kStoreParts / 64 boxes of 64 × 64 at a time");
+  static_assert(
+      !kTmaStore || (kTile.c_staging_parts == kStoreParts && kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
+                                                                 kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
+      "each consumer stages its 64 rows as block_n / kStoreParts / 64 boxes of 64 × 64 at a time");
 
   extern __shared__ unsigned char smem_raw[];
   // The same layout in both CTAs (same kernel, same dynamic shared memory): a multicast writes one
@@ -63,13 +63,12 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads()
     bool has_rows;
   };
   auto tile_of = [&out, rank](std::int64_t cluster_tile) {
-    const TileCoord c =
-        cluster_member_tile(static_cast<int>(cluster_tile), rank, out.tiles_m, out.tiles_n, kGroupM,
-                            kClusterTile<kTmaStore, kStoreParts>.cluster_m);
+    const TileCoord c = cluster_member_tile(static_cast<int>(cluster_tile), rank, out.tiles_m, out.tiles_n, kGroupM,
+                                            kClusterTile<kTmaStore, kStoreParts>.cluster_m);
     const bool has_rows = c.m_tile < out.tiles_m;
-    return MemberTile{
-        {has_rows ? c.m_tile * kClusterTile<kTmaStore, kStoreParts>.block_m : 0, c.n_tile * kClusterTile<kTmaStore, kStoreParts>.block_n},
-        has_rows};
+    return MemberTile{{has_rows ? c.m_tile * kClusterTile<kTmaStore, kStoreParts>.block_m : 0,
+                       c.n_tile * kClusterTile<kTmaStore, kStoreParts>.block_n},
+                      has_rows};
   };
 
   if (threadIdx.x == 0) {
@@ -114,7 +113,8 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads()
     // A consumer warp is done with a stage: tell the empty barrier of every CTA that wrote into it.
     auto release = [empty, lane0](int s) {
       if (!lane0) return;
-      for (int cta = 0; cta < kClusterTile<kTmaStore, kStoreParts>.cluster_m; ++cta) ptx::mbarrier_arrive_cluster(&empty[s], cta);
+      for (int cta = 0; cta < kClusterTile<kTmaStore, kStoreParts>.cluster_m; ++cta)
+        ptx::mbarrier_arrive_cluster(&empty[s], cta);
     };
     float acc[kTile.block_n / 2];  // no zeroing: each tile's first wgmma has scale-d = 0
     PipelineState c;

@@ -32,8 +32,8 @@
 /// kc::ch07::UnsupportedGpu saying what they need, after validating the arguments.
 ///
 /// The launch functions neither allocate nor synchronise (CUDA-graph capturable): they encode the
-/// tensor maps (A, W, and for step 6 C) on the host (no GPU involved) and pass them by value. The first call on a device
-/// queries it and raises the kernels' shared-memory limits once; call once outside a capture first.
+/// tensor maps (A, W, and for step 6 C) on the host (no GPU involved) and pass them by value. The first call on a
+/// device queries it and raises the kernels' shared-memory limits once; call once outside a capture first.
 #pragma once
 
 #include <cuda_bf16.h>

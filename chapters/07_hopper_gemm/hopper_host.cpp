@@ -56,8 +56,8 @@ DeviceFacts current_device_facts() {
 
 HopperStepInfo hopper_step_info(HopperStep step) {
   const TileConfig t = tile_config(step);
-  const bool persistent = step == HopperStep::persistent || step == HopperStep::cluster_multicast ||
-                          step == HopperStep::tma_store;
+  const bool persistent =
+      step == HopperStep::persistent || step == HopperStep::cluster_multicast || step == HopperStep::tma_store;
   HopperStepInfo info;
   info.block_m = t.block_m;
   info.block_n = t.block_n;

@@ -13,13 +13,13 @@ namespace kc::ch07::detail {
 /// The output side of a launch: where C is, its size, and whether two adjacent bf16 can be stored as
 /// one 4-byte word (N even and c 4-byte aligned).
 struct Output {
-  __nv_bfloat16* c;    ///< [m, n] row-major
-  int m;               ///< rows of C
-  int n;               ///< columns of C (and the row stride)
-  int k;               ///< the reduction length
-  int tiles_m;         ///< tiles per column of C (ceil(m / block_m)): the persistent steps' order needs it
-  int tiles_n;         ///< tiles per row of C (ceil(n / block_n))
-  bool paired_stores;  ///< store bf16 pairs as 4-byte words
+  __nv_bfloat16* c;        ///< [m, n] row-major
+  int m;                   ///< rows of C
+  int n;                   ///< columns of C (and the row stride)
+  int k;                   ///< the reduction length
+  int tiles_m;             ///< tiles per column of C (ceil(m / block_m)): the persistent steps' order needs it
+  int tiles_n;             ///< tiles per row of C (ceil(n / block_n))
+  bool paired_stores;      ///< store bf16 pairs as 4-byte words
   bool tma_store = false;  ///< step 6: store C through TMA (N a multiple of 8, c 16-byte aligned)
 };
 

@@ -94,7 +94,8 @@ inline constexpr TileConfig kStep6ThreeStageTile{128, 256, 2, 1, 3, 2, true, 1};
 static_assert(kStep2Tile.stages == 7 && kStep3Tile.stages == 4, "the lesson's stage counts");
 static_assert(kStep1Tile.smem_bytes() <= kSm90SmemPerBlock && kStep2Tile.smem_bytes() <= kSm90SmemPerBlock &&
                   kStep3Tile.smem_bytes() <= kSm90SmemPerBlock && kStep5Tile.smem_bytes() <= kSm90SmemPerBlock &&
-                  kStep6Tile.smem_bytes() <= kSm90SmemPerBlock && kStep6ThreeStageTile.smem_bytes() <= kSm90SmemPerBlock,
+                  kStep6Tile.smem_bytes() <= kSm90SmemPerBlock &&
+                  kStep6ThreeStageTile.smem_bytes() <= kSm90SmemPerBlock,
               "every step fits an sm_90 block");
 static_assert(TileConfig{128, 256, 2, 1, 4, 2, true}.smem_bytes() > kSm90SmemPerBlock,
               "a whole-tile C staging buffer leaves room for 3 stages only (step 6 stages half a tile)");
