@@ -18,6 +18,10 @@ template <bool kTmaStore, int kStoreParts = 1>
 inline constexpr TileConfig kClusterTile = kTmaStore ? (kStoreParts == 2 ? kStep6Tile : kStep6ThreeStageTile)
                                                      : kStep5Tile;
 
+/// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
+/// warpgroup (TMA loads, W multicast to both CTAs) and two consumer warpgroups (wgmma, then the
+/// epilogue): stores from registers when !kTmaStore (step 5), TMA stores of C staged kStoreParts times
+/// per tile when kTmaStore (step 6). @p c_map is read only when kTmaStore and out.tma_store.
 template <bool kTmaStore, int kStoreParts>
 __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads(), 1)
     cluster_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
