@@ -109,6 +109,15 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       kc::ch07::gemm_bf16_hopper_step(s, a, w, c, shape, q);
     };
   };
+  // cuBLAS GemmEx, its handle created outside the timed region.
+  auto add_cublas = [&device](const std::string& name, const GemmShape& shape) {
+    kc::bench::configure(benchmark::RegisterBenchmark(name.c_str(), [&device, shape](benchmark::State& st) {
+      const kc::ch02::CublasHandle cublas;
+      bench_gemm(st, device, shape, [&cublas](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
+        kc::ch02::cublas_gemm_bf16(cublas, a, w, c, s, q);
+      });
+    }));
+  };
   if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
     for (const GemmShape& shape : kShapes) {
       const std::string label = case_label(shape);
@@ -118,14 +127,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
           [three](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
             kc::ch07::gemm_bf16_hopper_tuning(three, a, w, c, s, q);
           });
-      kc::bench::configure(
-          benchmark::RegisterBenchmark(("ch07/tune_vendor/" + label).c_str(), [&device, shape](benchmark::State& st) {
-            const kc::ch02::CublasHandle cublas;
-            bench_gemm(st, device, shape,
-                       [&cublas](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
-                         kc::ch02::cublas_gemm_bf16(cublas, a, w, c, s, q);
-                       });
-          }));
+      add_cublas("ch07/tune_vendor/" + label, shape);
     }
     return;
   }
@@ -142,13 +144,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     add("ch07/after/" + label, shape, [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
       kc::ch07::gemm_bf16_hopper(a, w, c, s, q);
     });
-    kc::bench::configure(
-        benchmark::RegisterBenchmark(("ch07/vendor/" + label).c_str(), [&device, shape](benchmark::State& st) {
-          const kc::ch02::CublasHandle cublas;  // created outside the timed region
-          bench_gemm(st, device, shape, [&cublas](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
-            kc::ch02::cublas_gemm_bf16(cublas, a, w, c, s, q);
-          });
-        }));
+    add_cublas("ch07/vendor/" + label, shape);
     kc::bench::configure(
         benchmark::RegisterBenchmark(("ch07/vendor_cublaslt/" + label).c_str(), [&device, shape](benchmark::State& st) {
           const kc::ch03::CublasLtLinear lt(shape, false);  // planned outside the timed region

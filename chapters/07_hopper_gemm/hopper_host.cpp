@@ -144,11 +144,11 @@ OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmSha
 
 namespace {
 
-// The launch path of every step and tuning alternative: @p tile is the kernel's tile, @p step the
-// ladder step whose rules and launcher apply (a tuning alternative passes its base step and
-// @p three_stages).
-void launch_gemm(HopperStep step, TileConfig tile, bool three_stages, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                 __nv_bfloat16* c, GemmShape shape, cudaStream_t stream) {
+// The launch path of every step and of step 6's three-stage alternative (@p three_stages, which
+// has step 6's rules and its own tile).
+void launch_gemm(HopperStep step, bool three_stages, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                 GemmShape shape, cudaStream_t stream) {
+  const TileConfig tile = three_stages ? kStep6ThreeStageTile : tile_config(step);
   // 1. Everything the host can check, before any CUDA call.
   validate_gemm_bf16_hopper(a, w, c, shape, step);
   const OperandMaps maps = operand_maps(a, w, shape, step);
@@ -202,7 +202,7 @@ void launch_gemm(HopperStep step, TileConfig tile, bool three_stages, const __nv
 
 void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                            GemmShape shape, cudaStream_t stream) {
-  launch_gemm(step, tile_config(step), false, a, w, c, shape, stream);
+  launch_gemm(step, false, a, w, c, shape, stream);
 }
 
 const char* to_string(HopperTuning tuning) {
@@ -215,9 +215,7 @@ const char* to_string(HopperTuning tuning) {
 void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                              GemmShape shape, cudaStream_t stream) {
   switch (tuning) {
-    case HopperTuning::step6_three_stages:
-      launch_gemm(HopperStep::tma_store, kStep6ThreeStageTile, true, a, w, c, shape, stream);
-      return;
+    case HopperTuning::step6_three_stages: launch_gemm(HopperStep::tma_store, true, a, w, c, shape, stream); return;
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }

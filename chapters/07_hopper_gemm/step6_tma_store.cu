@@ -20,8 +20,8 @@
 //     that on. Before the CTA exits, it waits for the stores themselves (wait_group 0).
 //   - Half a tile at a time. The whole tile would need 64 KiB of staging (128 × 256 bf16), and with it
 //     only 3 stages of 48 KiB fit in 227 KiB. Step 6 keeps step 5's 4 stages and stages the tile in
-//     two halves of 32 KiB: each consumer stores its left 64 × 128, waits until TMA has read them
-//     (a few hundred nanoseconds), then its right half. The alternative, 3 stages and the whole tile
+//     two halves of 32 KiB: each consumer stores its left 64 × 128, waits until TMA has read them,
+//     then its right half. The alternative, 3 stages and the whole tile
 //     at once, is measured beside it (HopperTuning::step6_three_stages, the KC_TUNE rows): the fourth
 //     stage was worth more (docs/notes/ch07.md).
 //   - The fallback. TMA needs C's rows to be a multiple of 16 bytes (N a multiple of 8) and C
