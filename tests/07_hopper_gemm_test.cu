@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <set>
@@ -237,10 +238,33 @@ TEST(HopperSteps, Names) {
   EXPECT_STREQ(kc::ch07::to_string(HopperStep::tma_store), "step6_tma_store");
   EXPECT_EQ(kc::ch07::kAfterStep, HopperStep::tma_store);
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_three_stages), "tune_step6_three_stages");
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_small_tile), "tune_step6_small_tile");
   const auto three = kc::ch07::kStep6ThreeStageTile;
   EXPECT_EQ(three.stages, 3);
   EXPECT_EQ(three.c_staging_bytes(), 128 * 256 * 2) << "the whole tile at once";
   EXPECT_LE(three.smem_bytes(), kc::ch07::kSm90SmemPerBlock);
+  const auto small = kc::ch07::kStep6SmallTile;
+  EXPECT_EQ(small.block_n, 128);
+  EXPECT_EQ(small.stages, 6);
+  EXPECT_EQ(small.stage_bytes(), 32768);
+  EXPECT_EQ(small.c_staging_bytes(), 128 * 128 * 2) << "the whole tile at once";
+  EXPECT_LE(small.smem_bytes(), kc::ch07::kSm90SmemPerBlock);
+}
+
+// `after` takes the small tile exactly when step 6's 128 × 256 tiles, in clusters of two, are at most
+// one per pair of SMs.
+TEST(HopperSteps, AfterUsesTheSmallTileWhenStepSixHasOneRound) {
+  using kc::ch07::after_uses_small_tile;
+  EXPECT_TRUE(after_uses_small_tile({2048, 2048, 2048}, 132)) << "16 x 8 tiles: 64 cluster tiles for 66 clusters";
+  EXPECT_FALSE(after_uses_small_tile({4096, 4096, 4096}, 132)) << "256 cluster tiles";
+  EXPECT_FALSE(after_uses_small_tile({8192, 7168, 2048}, 132));
+  EXPECT_FALSE(after_uses_small_tile({4096, 4096, 7168}, 132));
+  EXPECT_TRUE(after_uses_small_tile({1, 1, 8}, 132));
+  // The boundary: 66 cluster tiles take one round, 67 two.
+  EXPECT_TRUE(after_uses_small_tile({256, 66 * 256, 64}, 132));
+  EXPECT_FALSE(after_uses_small_tile({256, 66 * 256 + 1, 64}, 132));
+  EXPECT_TRUE(after_uses_small_tile({129, 33 * 256, 64}, 132)) << "M = 129: one pair of m-tiles, 33 n-tiles";
+  EXPECT_FALSE(after_uses_small_tile({2048, 2048, 2048}, 100)) << "fewer SMs: 64 cluster tiles for 50 clusters";
 }
 
 // ---------------------------------------------------------------- CPU: tensor maps
@@ -576,6 +600,10 @@ TEST(HopperPersistent, Grids) {
 // expectation is the kernel's cluster_stage_bytes.
 TEST(HopperPersistent, ClusterStageBytesMatchWhatLands) {
   constexpr auto tile = kc::ch07::kStep5Tile;
+  constexpr auto small = kc::ch07::kStep6SmallTile;
+  EXPECT_EQ(small.w_box_rows(), 64);
+  EXPECT_EQ(kc::ch07::cluster_stage_bytes(small, true, 0, 4096), 32768) << "the small tile: A + both 64-row halves";
+  EXPECT_EQ(kc::ch07::cluster_stage_bytes(small, true, 128, 192), 16384 + 8192) << "its second half starts at row N";
   EXPECT_EQ(tile.w_box_rows(), 128);
   EXPECT_EQ(tile.w_box_bytes(), 16384);
   EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, true, 0, 4096), 49152) << "an inner tile: A + both W halves";
@@ -587,16 +615,18 @@ TEST(HopperPersistent, ClusterStageBytesMatchWhatLands) {
   // The last n-tile of the largest N (2^31 - 1): its second half starts at row 0x7FFFFF80.
   EXPECT_FALSE(kc::ch07::w_slice_in_matrix(tile, 1, 0x7FFFFF00, 0x7FFFFF80));
   EXPECT_TRUE(kc::ch07::w_slice_in_matrix(tile, 1, 0x7FFFFF00, 0x7FFFFFFF));
-  for (int n : {1, 8, 129, 255, 256, 257, 300, 520, 1000}) {
-    for (int n_tile = 0; n_tile * tile.block_n < n; ++n_tile) {
-      const int n0 = n_tile * tile.block_n;
-      int w_landing = 0;  // sent by each rank whose slice starts inside W, to both CTAs
-      for (int rank = 0; rank < tile.cluster_m; ++rank) {
-        if (n0 + rank * tile.w_box_rows() < n) w_landing += tile.w_box_rows() * kc::ch07::kBlockK * 2;
-      }
-      for (bool has_rows : {true, false}) {
-        EXPECT_EQ(kc::ch07::cluster_stage_bytes(tile, has_rows, n0, n), (has_rows ? tile.a_box_bytes() : 0) + w_landing)
-            << "n " << n << ", n0 " << n0 << ", has_rows " << has_rows;
+  for (const kc::ch07::TileConfig& t : {tile, small}) {
+    for (int n : {1, 8, 64, 65, 129, 255, 256, 257, 300, 520, 1000}) {
+      for (int n_tile = 0; n_tile * t.block_n < n; ++n_tile) {
+        const int n0 = n_tile * t.block_n;
+        int w_landing = 0;  // sent by each rank whose slice starts inside W, to both CTAs
+        for (int rank = 0; rank < t.cluster_m; ++rank) {
+          if (n0 + rank * t.w_box_rows() < n) w_landing += t.w_box_rows() * kc::ch07::kBlockK * 2;
+        }
+        for (bool has_rows : {true, false}) {
+          EXPECT_EQ(kc::ch07::cluster_stage_bytes(t, has_rows, n0, n), (has_rows ? t.a_box_bytes() : 0) + w_landing)
+              << "block_n " << t.block_n << ", n " << n << ", n0 " << n0 << ", has_rows " << has_rows;
+        }
       }
     }
   }
@@ -632,13 +662,48 @@ class HopperGpuTest : public kc::test::Sm90Test {
 
 // One step on one shape: poisoned C with a guard, every element written, nothing past the end,
 // fp64 reference (all or sampled), and for the larger shapes every element against cuBLAS.
-void check_step(HopperStep step, GemmShape s, bool against_cublas) {
-  SCOPED_TRACE(std::string(kc::ch07::to_string(step)) + ", M x N x K = " + shape_name(s));
+// One launch of a Chapter 7 kernel on the default stream: a step, `after`, or a tuning alternative.
+using Launch = std::function<void(const bf16* a, const bf16* w, bf16* c, GemmShape shape, cudaStream_t stream)>;
+
+Launch step_launch(HopperStep step) {
+  return [step](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
+    kc::ch07::gemm_bf16_hopper_step(step, a, w, c, s, q);
+  };
+}
+
+Launch after_launch() {
+  return [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
+    kc::ch07::gemm_bf16_hopper(a, w, c, s, q);
+  };
+}
+
+Launch tuning_launch(kc::ch07::HopperTuning tuning) {
+  return [tuning](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
+    kc::ch07::gemm_bf16_hopper_tuning(tuning, a, w, c, s, q);
+  };
+}
+
+// Every kernel of the chapter by name: the six steps, `after` and step 6's tuning alternatives.
+std::vector<std::pair<std::string, Launch>> every_launch() {
+  std::vector<std::pair<std::string, Launch>> launches;
+  for (HopperStep step : kSteps) launches.emplace_back(kc::ch07::to_string(step), step_launch(step));
+  launches.emplace_back("after", after_launch());
+  for (auto tuning : {kc::ch07::HopperTuning::step6_three_stages, kc::ch07::HopperTuning::step6_small_tile}) {
+    launches.emplace_back(kc::ch07::to_string(tuning), tuning_launch(tuning));
+  }
+  return launches;
+}
+
+// @p launch on fresh random inputs of shape @p s into a poisoned, guarded C: every element written,
+// nothing past the end, close to the fp64 reference on samples and (@p against_cublas) to cuBLAS on
+// every element.
+void check_launch(const std::string& name, const Launch& launch, GemmShape s, bool against_cublas) {
+  SCOPED_TRACE(name + ", M x N x K = " + shape_name(s));
   const std::uint64_t seed = kc::test::test_seed();
   const Inputs in = random_inputs(s, seed);
   kc::DeviceBuffer<bf16> a(in.a), w(in.w);
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
-  kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), c.data(), s);
+  launch(a.data(), w.data(), c.data(), s, nullptr);
   kc::check(cudaDeviceSynchronize());
 
   const std::vector<bf16> got = c.to_host();
@@ -656,6 +721,10 @@ void check_step(HopperStep step, GemmShape s, bool against_cublas) {
     kc::test::expect_close(kc::compare<bf16>(got, want_wide, kc::test::kPoisonByte), kTolerance,
                            "versus cuBLAS on every element");
   }
+}
+
+void check_step(HopperStep step, GemmShape s, bool against_cublas) {
+  check_launch(kc::ch07::to_string(step), step_launch(step), s, against_cublas);
 }
 
 struct ShapeCase {
@@ -710,24 +779,38 @@ INSTANTIATE_TEST_SUITE_P(Steps, HopperGemmGpu,
                                   shape_name(std::get<1>(info.param).shape);
                          });
 
-// Step 6's three-stage alternative (the tuning rows): the same checks on shapes that exercise its
-// whole-tile store (N a multiple of 8: TMA stores; the last n-tile partly outside C) and its register
-// fallback.
-TEST_F(HopperGpuTest, StepSixThreeStageAlternative) {
-  for (const GemmShape s :
-       {GemmShape{129, 264, 520}, GemmShape{300, 392, 1032}, GemmShape{2100, 4104, 72}, GemmShape{127, 131, 64}}) {
-    SCOPED_TRACE(shape_name(s));
-    const Inputs in = random_inputs(s, kc::test::test_seed());
-    kc::DeviceBuffer<bf16> a(in.a), w(in.w);
-    kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
-    kc::ch07::gemm_bf16_hopper_tuning(kc::ch07::HopperTuning::step6_three_stages, a.data(), w.data(), c.data(), s);
-    kc::check(cudaDeviceSynchronize());
-    const std::vector<bf16> got = c.to_host();
-    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), 0u) << "elements never written";
-    EXPECT_EQ(c.guard_damage(), 0u) << "wrote past the end of c";
-    kc::test::expect_close(compare_with_reference(in, got, s, 0), kTolerance, "versus the fp64 reference");
+// `after` on every shape: step 6 on its small-problem tile for all but the shapes with more than one
+// round of step 6's tiles (2100 × 4100, 2100 × 4104 and 4096³ here), which run step 6 itself.
+class HopperAfterGpu : public HopperGpuTest, public ::testing::WithParamInterface<ShapeCase> {};
+
+TEST_P(HopperAfterGpu, MatchesReferenceAndCublas) {
+  const ShapeCase& shape_case = GetParam();
+  if (shape_case.large && kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
+  check_launch("after", after_launch(), shape_case.shape, shape_case.large);
+}
+
+INSTANTIATE_TEST_SUITE_P(After, HopperAfterGpu, ::testing::ValuesIn(kShapes),
+                         [](const ::testing::TestParamInfo<ShapeCase>& info) { return shape_name(info.param.shape); });
+
+// Step 6's measured alternatives (the tuning rows): the three-stage tile and the small-problem tile on
+// shapes that exercise their whole-tile store (N a multiple of 8: TMA stores; the last n-tile partly
+// outside C), their register fallback, and several tiles per cluster (the staging buffer reused).
+class HopperTuningGpu : public HopperGpuTest, public ::testing::WithParamInterface<kc::ch07::HopperTuning> {};
+
+TEST_P(HopperTuningGpu, MatchesReference) {
+  const kc::ch07::HopperTuning tuning = GetParam();
+  for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{300, 392, 1032}, GemmShape{2100, 4104, 72},
+                            GemmShape{2100, 4100, 72}, GemmShape{127, 131, 64}, GemmShape{1, 8, 16}}) {
+    check_launch(kc::ch07::to_string(tuning), tuning_launch(tuning), s, false);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Tunings, HopperTuningGpu,
+                         ::testing::Values(kc::ch07::HopperTuning::step6_three_stages,
+                                           kc::ch07::HopperTuning::step6_small_tile),
+                         [](const ::testing::TestParamInfo<kc::ch07::HopperTuning>& info) {
+                           return std::string(kc::ch07::to_string(info.param));
+                         });
 
 // Random shapes: M and N in [1, 700] (N a multiple of 8 every other time), K a multiple of 8 in
 // [8, 1200], for every step.
@@ -739,6 +822,7 @@ TEST_F(HopperGpuTest, RandomShapes) {
                       i % 2 == 1 ? (n + 7) / 8 * 8 : n,  // odd i: N a multiple of 8 (step 6's TMA stores)
                       8 * (1 + static_cast<std::int64_t>(kc::uniform01(seed, 3 * i + 2) * 150))};
     for (HopperStep step : kSteps) check_step(step, s, false);
+    check_launch("after", after_launch(), s, false);
   }
 }
 
@@ -758,32 +842,32 @@ TEST_F(HopperGpuTest, OddOutputOffsetUsesElementStores) {
     kc::DeviceBuffer<bf16> a(in.a), w(in.w);
     const auto offset = static_cast<std::size_t>(k.offset);
     kc::test::GuardedOutput<bf16> storage(static_cast<std::size_t>(s.m * s.n) + offset);
-    for (HopperStep step : kSteps) {
+    for (const auto& [name, launch] : every_launch()) {
       storage.poison();
-      kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), storage.data() + offset, s);
+      launch(a.data(), w.data(), storage.data() + offset, s, nullptr);
       kc::check(cudaDeviceSynchronize());
       const std::vector<bf16> all = storage.to_host();
       EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(all.data(), offset), kc::test::kPoisonByte), offset)
-          << kc::ch07::to_string(step) << " wrote before c";
+          << name << " wrote before c";
       const std::span<const bf16> got(all.data() + offset, all.size() - offset);
-      kc::test::expect_close(compare_with_reference(in, got, s, 0), kTolerance, kc::ch07::to_string(step));
-      EXPECT_EQ(storage.guard_damage(), 0u);
+      kc::test::expect_close(compare_with_reference(in, got, s, 0), kTolerance, name);
+      EXPECT_EQ(storage.guard_damage(), 0u) << name;
     }
   }
 }
 
 // Graph capture (global mode: any synchronisation or allocation in the launch path fails it) and
-// bitwise repeatability, for every step.
+// bitwise repeatability, for every kernel.
 TEST_F(HopperGpuTest, GraphCapturableAndRepeatable) {
   // N = 296 also takes step 6's TMA-store path (N a multiple of 8); N = 300 its register fallback.
   for (const GemmShape s : {GemmShape{257, 300, 1032}, GemmShape{257, 296, 1032}}) {
     const Inputs in = random_inputs(s, kc::test::test_seed());
     kc::DeviceBuffer<bf16> a(in.a), w(in.w);
     kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
-    for (HopperStep step : kSteps) {
-      SCOPED_TRACE(std::string(kc::ch07::to_string(step)) + ", " + shape_name(s));
+    for (const auto& [name, launch] : every_launch()) {
+      SCOPED_TRACE(name + ", " + shape_name(s));
       kc::test::LaunchUnderTest run{
-          [&](cudaStream_t stream) { kc::ch07::gemm_bf16_hopper_step(step, a.data(), w.data(), c.data(), s, stream); },
+          [&, launch = launch](cudaStream_t stream) { launch(a.data(), w.data(), c.data(), s, stream); },
           [&] { c.poison(); },
           [&] {
             const std::vector<bf16> host = c.to_host();

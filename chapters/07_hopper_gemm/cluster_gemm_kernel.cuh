@@ -1,9 +1,10 @@
 /// @file cluster_gemm_kernel.cuh
 /// @brief The kernel of steps 5 and 6: persistent clusters of two CTAs along M, each W tile loaded once
 /// per cluster and multicast to both CTAs (step5_cluster_multicast.cu explains the cluster protocol).
-/// The template parameter picks the epilogue: step 5 stores the accumulators from registers while the
-/// tensor cores wait; step 6 stages them in shared memory and lets TMA store them
-/// (step6_tma_store.cu explains it), so the consumers start their next tile at once.
+/// The template parameter, a tile, picks the epilogue: step 5 stores the accumulators from registers
+/// while the tensor cores wait; step 6 stages them in shared memory and lets TMA store them
+/// (step6_tma_store.cu explains it), so the consumers start their next tile at once. It also picks
+/// the width: 256 columns, or 128 for the small-problem tile of `after`.
 #pragma once
 
 #include "hopper_ptx.cuh"
@@ -12,41 +13,60 @@
 
 namespace kc::ch07::detail {
 
-/// The tile of step 5 (registers epilogue) or step 6 (TMA-store epilogue, half a tile staged at a
-/// time: kStoreParts = 2; with kStoreParts = 1 its three-stage alternative, which stages it whole).
-template <bool kTmaStore, int kStoreParts = 1>
-inline constexpr TileConfig kClusterTile = kTmaStore ? (kStoreParts == 2 ? kStep6Tile : kStep6ThreeStageTile)
-                                                     : kStep5Tile;
+// The kernel's template argument is a tile, passed as a type that holds it: nvcc's launch stubs do not
+// take a class-type template argument (a TileConfig) directly.
+/// Step 5's tile as a kernel template argument.
+struct Step5Cluster {
+  static constexpr TileConfig tile = kStep5Tile;  ///< 128 × 256, stores from registers
+};
+/// Step 6's tile as a kernel template argument.
+struct Step6Cluster {
+  static constexpr TileConfig tile = kStep6Tile;  ///< 128 × 256, 4 stages, half the tile staged at a time
+};
+/// Step 6's three-stage alternative as a kernel template argument.
+struct Step6ThreeStageCluster {
+  static constexpr TileConfig tile = kStep6ThreeStageTile;  ///< 128 × 256, 3 stages, the whole tile staged
+};
+/// Step 6's small-problem tile as a kernel template argument.
+struct Step6SmallCluster {
+  static constexpr TileConfig tile = kStep6SmallTile;  ///< 128 × 128, 6 stages, the whole tile staged
+};
 
 /// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
 /// warpgroup (TMA loads, W multicast to both CTAs) and two consumer warpgroups (wgmma, then the
-/// epilogue): stores from registers when !kTmaStore (step 5), TMA stores of C staged kStoreParts times
-/// per tile when kTmaStore (step 6). @p c_map is read only when kTmaStore and out.tma_store.
-template <bool kTmaStore, int kStoreParts>
-__global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads(), 1)
+/// epilogue). The tile picks the epilogue: stores from registers without C staging (step 5,
+/// kStep5Tile), TMA stores of C staged kTile.c_staging_parts times per tile with it (step 6,
+/// kStep6Tile; its alternatives kStep6ThreeStageTile and kStep6SmallTile). @p c_map is read only when
+/// kTile.c_staging and out.tma_store. @p Tile is one of the tile types above (Tile::tile is the tile).
+template <class Tile>
+__global__ void __launch_bounds__(Tile::tile.threads(), 1)
     cluster_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap c_map, const Output out) {
-  // (Lambdas below name kClusterTile<kTmaStore, kStoreParts> itself: nvcc does not let them use a local constexpr.)
-  constexpr TileConfig kTile = kClusterTile<kTmaStore, kStoreParts>;
+  constexpr TileConfig kTile = Tile::tile;  // (lambdas below name Tile::tile: nvcc lets them use no local constexpr)
+  constexpr bool kTmaStore = kTile.c_staging;
+  constexpr int kStoreParts = kTile.c_staging_parts;
   constexpr int kConsumerWarps = kTile.consumer_warpgroups * kWarpgroupThreads / 32;
   constexpr int kProducerRegisters = 40;
   constexpr int kConsumerRegisters = 232;
   constexpr std::uint16_t kAllCtas = (1u << kTile.cluster_m) - 1;  // multicast mask: every CTA of the cluster
+  static_assert(kTile.cluster_m == 2 && kTile.consumer_warpgroups == 2 && kTile.producer_warpgroups == 1 &&
+                    kTile.block_m == 128 && (kTile.block_n == 128 || kTile.block_n == 256),
+                "the cluster kernel's roles: one producer and two consumer warpgroups of 64 rows each, in "
+                "clusters of two, N 128 or 256 (one wgmma m64nNk16 per k16)");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kTile.consumer_warpgroups * kConsumerRegisters) <=
                     65536 / kTile.threads() / 8 * 8 * kTile.threads(),
                 "setmaxnreg moves registers between warpgroups; it cannot create them");
   constexpr int kPartCols = kTile.block_n / kStoreParts;  // columns of C staged at a time
-  static_assert(
-      !kTmaStore || (kTile.c_staging_parts == kStoreParts && kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
-                                                                 kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
-      "each consumer stages its 64 rows as block_n / kStoreParts / 64 boxes of 64 × 64 at a time");
+  static_assert(!kTmaStore || (kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
+                               kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
+                "each consumer stages its 64 rows as block_n / c_staging_parts / 64 boxes of 64 × 64 at a time");
 
   extern __shared__ unsigned char smem_raw[];
   // The same layout in both CTAs (same kernel, same dynamic shared memory): a multicast writes one
   // offset in each, so the aligned base must be the same offset too. It is: the runtime places
   // dynamic shared memory identically in every CTA of a launch.
   unsigned char* smem = ptx::align_to_swizzle_atom(smem_raw);
-  auto stage = [smem](int s) { return smem + s * kClusterTile<kTmaStore, kStoreParts>.stage_bytes(); };
+  auto stage = [smem](int s) { return smem + s * Tile::tile.stage_bytes(); };
   unsigned char* staging = smem + kTile.stages * kTile.stage_bytes();  // step 6's C staging (1024-aligned)
   auto* full = reinterpret_cast<std::uint64_t*>(staging + kTile.c_staging_bytes());
   std::uint64_t* empty = full + kTile.stages;
@@ -68,11 +88,9 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads()
   };
   auto tile_of = [&out, rank](std::int64_t cluster_tile) {
     const TileCoord c = cluster_member_tile(static_cast<int>(cluster_tile), rank, out.tiles_m, out.tiles_n, kGroupM,
-                                            kClusterTile<kTmaStore, kStoreParts>.cluster_m);
+                                            Tile::tile.cluster_m);
     const bool has_rows = c.m_tile < out.tiles_m;
-    return MemberTile{{has_rows ? c.m_tile * kClusterTile<kTmaStore, kStoreParts>.block_m : 0,
-                       c.n_tile * kClusterTile<kTmaStore, kStoreParts>.block_n},
-                      has_rows};
+    return MemberTile{{has_rows ? c.m_tile * Tile::tile.block_m : 0, c.n_tile * Tile::tile.block_n}, has_rows};
   };
 
   if (threadIdx.x == 0) {
@@ -117,8 +135,7 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads()
     // A consumer warp is done with a stage: tell the empty barrier of every CTA that wrote into it.
     auto release = [empty, lane0](int s) {
       if (!lane0) return;
-      for (int cta = 0; cta < kClusterTile<kTmaStore, kStoreParts>.cluster_m; ++cta)
-        ptx::mbarrier_arrive_cluster(&empty[s], cta);
+      for (int cta = 0; cta < Tile::tile.cluster_m; ++cta) ptx::mbarrier_arrive_cluster(&empty[s], cta);
     };
     float acc[kTile.block_n / 2];  // no zeroing: each tile's first wgmma has scale-d = 0
     PipelineState c;
@@ -133,7 +150,11 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads()
           ptx::wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kBlockK / 16; ++kk) {
-            ptx::wgmma_m64n256k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > 0 || kk > 0 ? 1 : 0);
+            if constexpr (kTile.block_n == 256) {
+              ptx::wgmma_m64n256k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > 0 || kk > 0 ? 1 : 0);
+            } else {
+              ptx::wgmma_m64n128k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > 0 || kk > 0 ? 1 : 0);
+            }
           }
           ptx::wgmma_commit_group();
         }
@@ -180,13 +201,13 @@ __global__ void __launch_bounds__(kClusterTile<kTmaStore, kStoreParts>.threads()
   ptx::cluster_sync();
 }
 
-/// Launches cluster_gemm_kernel<kTmaStore, kStoreParts> on @p stream: as many clusters of two as the GPU holds at
-/// once (queried once per device, with the shared-memory opt-in), at most one per cluster tile.
-/// @p c_map is read only when kTmaStore and out.tma_store.
-template <bool kTmaStore, int kStoreParts = 1>
+/// Launches cluster_gemm_kernel<Tile> on @p stream: as many clusters of two as the GPU holds at once
+/// (queried once per device, with the shared-memory opt-in), at most one per cluster tile. @p c_map is
+/// read only when Tile::tile.c_staging and out.tma_store.
+template <class Tile>
 void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                          const Output& out, cudaStream_t stream) {
-  constexpr TileConfig kTile = kClusterTile<kTmaStore, kStoreParts>;
+  constexpr TileConfig kTile = Tile::tile;
   cudaLaunchAttribute cluster_dims{};
   cluster_dims.id = cudaLaunchAttributeClusterDimension;
   cluster_dims.val.clusterDim.x = kTile.cluster_m;  // pairs of consecutive blockIdx.x
@@ -203,20 +224,20 @@ void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, con
   // how many clusters of this kernel the GPU holds at once, which sizes the grid. Clusters must fit in
   // one GPC, so this can be less than SMs / 2 (an odd SM left over in a GPC stays idle).
   const int resident_clusters = cached_per_device([&config](int device) {
-    check(cudaFuncSetAttribute(cluster_gemm_kernel<kTmaStore, kStoreParts>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kClusterTile<kTmaStore, kStoreParts>.smem_bytes())));
+    check(cudaFuncSetAttribute(cluster_gemm_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(Tile::tile.smem_bytes())));
     int clusters = 0;
-    check(cudaOccupancyMaxActiveClusters(&clusters, cluster_gemm_kernel<kTmaStore, kStoreParts>, &config));
+    check(cudaOccupancyMaxActiveClusters(&clusters, cluster_gemm_kernel<Tile>, &config));
     if (clusters < 1) {  // no answer: fall back to pairs of SMs (the grid stays correct, only less resident)
       int sms = 0;
       check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      clusters = sms / kClusterTile<kTmaStore, kStoreParts>.cluster_m;
+      clusters = sms / Tile::tile.cluster_m;
     }
     return clusters;
   });
   config.gridDim =
       dim3(static_cast<unsigned>(cluster_grid(out.tiles_m, out.tiles_n, kTile.cluster_m, resident_clusters)));
-  check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<kTmaStore, kStoreParts>, a_map, w_map, c_map, out));
+  check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<Tile>, a_map, w_map, c_map, out));
   check_launch();
 }
 

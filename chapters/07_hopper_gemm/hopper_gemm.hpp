@@ -61,7 +61,8 @@ enum class HopperStep {
   tma_store,          ///< step 6: step 5 with a TMA-store epilogue (the `after`)
 };
 
-/// The chapter's final kernel, the one gemm_bf16_hopper runs.
+/// The chapter's final step, the one gemm_bf16_hopper runs (on its small-problem tile when
+/// after_uses_small_tile says so).
 inline constexpr HopperStep kAfterStep = HopperStep::tma_store;
 
 /// What a step's kernel is, in numbers (the lesson's table and the CPU tests read these).
@@ -127,7 +128,13 @@ bool c_tma_storable(const __nv_bfloat16* c, GemmShape shape);
 /// layout each consumer warpgroup stages its accumulators in. Host-only arithmetic (see operand_maps).
 TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape);
 
-/// C = A · Wᵀ with the chapter's final kernel (step 6).
+/// True when gemm_bf16_hopper runs step 6 on its small-problem tile (128 × 128, 6 stages) rather than
+/// its own (128 × 256) for C [shape.m, shape.n] on a GPU with @p sms SMs: when the 128 × 256 tiles,
+/// in clusters of two, number at most one per pair of SMs (2048³ on 132 SMs: 64 for 66). Host-only.
+bool after_uses_small_tile(GemmShape shape, int sms);
+
+/// C = A · Wᵀ with the chapter's final kernel: step 6, on its small-problem tile when
+/// after_uses_small_tile says so.
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned
 /// @param c [M, N] row-major output, 2-byte aligned
@@ -139,9 +146,10 @@ void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloa
 /// Measured alternatives to a ladder step, for the benchmark's tuning rows (KC_TUNE=1) and tests.
 enum class HopperTuning {
   step6_three_stages,  ///< step 6 with 3 stages and the whole C tile staged at once (1 store round)
+  step6_small_tile,    ///< step 6 on `after`'s small-problem tile (128 × 128, 6 stages), on every shape
 };
 
-/// The benchmark variant name of @p tuning: "tune_step6_three_stages".
+/// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile".
 const char* to_string(HopperTuning tuning);
 
 /// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step).

@@ -38,6 +38,7 @@ struct DeviceFacts {
   int cc_major = 0;
   int cc_minor = 0;
   std::size_t smem_per_block_optin = 0;
+  int sms = 0;
 };
 
 DeviceFacts current_device_facts() {
@@ -48,6 +49,7 @@ DeviceFacts current_device_facts() {
     check(cudaDeviceGetAttribute(&facts.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
     check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     facts.smem_per_block_optin = static_cast<std::size_t>(optin);
+    check(cudaDeviceGetAttribute(&facts.sms, cudaDevAttrMultiProcessorCount, device));
     return facts;
   });
 }
@@ -136,24 +138,53 @@ TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape) {
   return bf16_row_major_map(c, shape.m, shape.n, kStoreBoxRows);
 }
 
-OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step) {
-  const TileConfig tile = tile_config(step);
+namespace {
+
+// The two maps of a launch on @p tile: A in boxes of block_m rows, W in boxes of w_box_rows().
+OperandMaps maps_for_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, const TileConfig& tile) {
   return {bf16_row_major_map(a, shape.m, shape.k, tile.block_m),
           bf16_row_major_map(w, shape.n, shape.k, tile.w_box_rows())};
 }
 
-namespace {
-
-// The launch path of every step and of step 6's three-stage alternative (@p three_stages, which
-// has step 6's rules and its own tile).
-void launch_gemm(HopperStep step, bool three_stages, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
-                 GemmShape shape, cudaStream_t stream) {
-  const TileConfig tile = three_stages ? kStep6ThreeStageTile : tile_config(step);
-  // 1. Everything the host can check, before any CUDA call.
-  validate_gemm_bf16_hopper(a, w, c, shape, step);
-  const OperandMaps maps = operand_maps(a, w, shape, step);
+void validate_maps(const OperandMaps& maps) {
   validate_tensor_map(maps.a, "a");
   validate_tensor_map(maps.w, "w");
+}
+
+// The tile step 6 runs on: its own, one of its measured alternatives (HopperTuning), or, for
+// `after`, the one after_uses_small_tile picks for the shape on this GPU.
+enum class Step6Tile { own, three_stages, small, by_shape };
+
+TileConfig tile_of(HopperStep step, Step6Tile choice) {
+  if (step != HopperStep::tma_store) return tile_config(step);
+  switch (choice) {
+    case Step6Tile::three_stages: return kStep6ThreeStageTile;
+    case Step6Tile::small: return kStep6SmallTile;
+    case Step6Tile::own:
+    case Step6Tile::by_shape: break;
+  }
+  return kStep6Tile;
+}
+
+}  // namespace
+
+OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step) {
+  return maps_for_tile(a, w, shape, tile_config(step));
+}
+
+bool after_uses_small_tile(GemmShape shape, int sms) { return kc::ch07::after_uses_small_tile(shape.m, shape.n, sms); }
+
+namespace {
+
+// The launch path of every step, of step 6's measured alternatives and of `after` (@p choice picks
+// step 6's tile; the other steps have one).
+void launch_gemm(HopperStep step, Step6Tile choice, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                 GemmShape shape, cudaStream_t stream) {
+  // 1. Everything the host can check, before any CUDA call: the shape and pointer rules, and the maps
+  // of every tile this launch may run on.
+  validate_gemm_bf16_hopper(a, w, c, shape, step);
+  validate_maps(maps_for_tile(a, w, shape, tile_of(step, choice)));
+  if (choice == Step6Tile::by_shape) validate_maps(maps_for_tile(a, w, shape, kStep6SmallTile));
   // 2. Can this build and this GPU run sm_90a code at all?
   if (!detail::kernels_built()) {
     throw UnsupportedGpu(
@@ -162,12 +193,17 @@ void launch_gemm(HopperStep step, bool three_stages, const __nv_bfloat16* a, con
   }
   const DeviceFacts device = current_device_facts();
   if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
+  if (choice == Step6Tile::by_shape) {
+    choice = after_uses_small_tile(shape, device.sms) ? Step6Tile::small : Step6Tile::own;
+  }
+  const TileConfig tile = tile_of(step, choice);
   if (tile.smem_bytes() > device.smem_per_block_optin) {
     throw UnsupportedGpu(std::string(to_string(step)) + " needs " + std::to_string(tile.smem_bytes()) +
                          " bytes of shared memory per block; this GPU allows " +
                          std::to_string(device.smem_per_block_optin));
   }
   // 3. The maps (host-only encoding) and the launch.
+  const OperandMaps maps = maps_for_tile(a, w, shape, tile);
   const CUtensorMap a_map = encode_tensor_map(maps.a, "a");
   const CUtensorMap w_map = encode_tensor_map(maps.w, "w");
   const auto n = static_cast<int>(shape.n);
@@ -189,10 +225,11 @@ void launch_gemm(HopperStep step, bool three_stages, const __nv_bfloat16* a, con
     case HopperStep::persistent: detail::launch_step4(a_map, w_map, out, tiles, stream); break;
     case HopperStep::cluster_multicast: detail::launch_step5(a_map, w_map, out, tiles, stream); break;
     case HopperStep::tma_store:
-      if (three_stages) {
-        detail::launch_step6_three_stages(a_map, w_map, c_map, out, tiles, stream);
-      } else {
-        detail::launch_step6(a_map, w_map, c_map, out, tiles, stream);
+      switch (choice) {
+        case Step6Tile::three_stages: detail::launch_step6_three_stages(a_map, w_map, c_map, out, tiles, stream); break;
+        case Step6Tile::small: detail::launch_step6_small_tile(a_map, w_map, c_map, out, tiles, stream); break;
+        case Step6Tile::own:
+        case Step6Tile::by_shape: detail::launch_step6(a_map, w_map, c_map, out, tiles, stream); break;
       }
       break;
   }
@@ -202,12 +239,13 @@ void launch_gemm(HopperStep step, bool three_stages, const __nv_bfloat16* a, con
 
 void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                            GemmShape shape, cudaStream_t stream) {
-  launch_gemm(step, false, a, w, c, shape, stream);
+  launch_gemm(step, Step6Tile::own, a, w, c, shape, stream);
 }
 
 const char* to_string(HopperTuning tuning) {
   switch (tuning) {
     case HopperTuning::step6_three_stages: return "tune_step6_three_stages";
+    case HopperTuning::step6_small_tile: return "tune_step6_small_tile";
   }
   return "unknown";
 }
@@ -215,14 +253,19 @@ const char* to_string(HopperTuning tuning) {
 void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                              GemmShape shape, cudaStream_t stream) {
   switch (tuning) {
-    case HopperTuning::step6_three_stages: launch_gemm(HopperStep::tma_store, true, a, w, c, shape, stream); return;
+    case HopperTuning::step6_three_stages:
+      launch_gemm(HopperStep::tma_store, Step6Tile::three_stages, a, w, c, shape, stream);
+      return;
+    case HopperTuning::step6_small_tile:
+      launch_gemm(HopperStep::tma_store, Step6Tile::small, a, w, c, shape, stream);
+      return;
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }
 
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                       cudaStream_t stream) {
-  gemm_bf16_hopper_step(kAfterStep, a, w, c, shape, stream);
+  launch_gemm(kAfterStep, Step6Tile::by_shape, a, w, c, shape, stream);
 }
 
 }  // namespace kc::ch07

@@ -52,6 +52,11 @@ void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUte
 void launch_step6_three_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                                const Output& out, int tiles, cudaStream_t stream);
 
+/// Step 6 on its small-problem tile (kStep6SmallTile: `after` on small problems, and
+/// HopperTuning::step6_small_tile), as launch_step6.
+void launch_step6_small_tile(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                             const Output& out, int tiles, cudaStream_t stream);
+
 /// True in the build with kernels, false in the stub build.
 bool kernels_built();
 

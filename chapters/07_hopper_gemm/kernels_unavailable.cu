@@ -25,5 +25,9 @@ void launch_step6_three_stages(const CUtensorMap&, const CUtensorMap&, const CUt
                                cudaStream_t) {
   unavailable();
 }
+void launch_step6_small_tile(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
+                             cudaStream_t) {
+  unavailable();
+}
 
 }  // namespace kc::ch07::detail

@@ -25,14 +25,14 @@
 //     the tile's first half) is not loaded, and neither CTA expects its bytes (cluster_stage_bytes).
 // What stays: the epilogue still stores from registers while the tensor cores idle; step 6 changes
 // that. The kernel itself is in cluster_gemm_kernel.cuh, shared with step 6 (which differs only in
-// its epilogue): cluster_gemm_kernel<false> is this step.
+// its epilogue): cluster_gemm_kernel<Step5Cluster> is this step.
 #include "cluster_gemm_kernel.cuh"
 
 namespace kc::ch07::detail {
 
 void launch_step5(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int /*tiles*/,
                   cudaStream_t stream) {
-  launch_cluster_gemm<false>(a_map, w_map, CUtensorMap{} /* no C map: stores from registers */, out, stream);
+  launch_cluster_gemm<Step5Cluster>(a_map, w_map, CUtensorMap{} /* no C map: stores from registers */, out, stream);
 }
 
 }  // namespace kc::ch07::detail

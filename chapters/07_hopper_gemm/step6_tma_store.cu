@@ -26,21 +26,33 @@
 //     stage was worth more (docs/notes/ch07.md).
 //   - The fallback. TMA needs C's rows to be a multiple of 16 bytes (N a multiple of 8) and C
 //     16-byte aligned; otherwise (out.tma_store false) the step stores from registers as step 5 does.
-// The kernel is step 5's (cluster_gemm_kernel.cuh) with kTmaStore = true.
+//   - Small problems. When the 128 × 256 tiles give each cluster at most one (2048³: 64 cluster
+//     tiles for 66 clusters), a CTA fills its pipeline, multiplies, and stores its 64 KiB of C with
+//     nothing to overlap either with. `after` then runs a 128 × 128 tile (kStep6SmallTile, 6 stages,
+//     the whole tile staged at once): twice the tiles, so most clusters take two and the second one's
+//     loads and math hide the first one's store (after_uses_small_tile decides; the tuning row
+//     HopperTuning::step6_small_tile runs it on every shape).
+// The kernel is step 5's (cluster_gemm_kernel.cuh) with a tile that stages C (kTile.c_staging).
 #include "cluster_gemm_kernel.cuh"
 
 namespace kc::ch07::detail {
 
 void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map, const Output& out,
                   int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<true, 2>(a_map, w_map, c_map, out, stream);
+  launch_cluster_gemm<Step6Cluster>(a_map, w_map, c_map, out, stream);
 }
 
 // The alternative the tuning rows measure against this step: the whole tile staged at once, paid for
 // with the fourth stage.
 void launch_step6_three_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                                const Output& out, int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<true, 1>(a_map, w_map, c_map, out, stream);
+  launch_cluster_gemm<Step6ThreeStageCluster>(a_map, w_map, c_map, out, stream);
+}
+
+// `after`'s small-problem tile (and the tuning row that runs it everywhere): 128 × 128, 6 stages.
+void launch_step6_small_tile(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                             const Output& out, int /*tiles*/, cudaStream_t stream) {
+  launch_cluster_gemm<Step6SmallCluster>(a_map, w_map, c_map, out, stream);
 }
 
 }  // namespace kc::ch07::detail
