@@ -45,6 +45,9 @@ using kc::test::bf16_gemm::random_inputs;
 using kc::test::bf16_gemm::shape_name;
 
 constexpr double kTolerance = 1e-2;  // see the top of the file
+constexpr kc::ch07::HopperTuning kTunings[] = {
+    kc::ch07::HopperTuning::step6_three_stages, kc::ch07::HopperTuning::step6_small_tile,
+    kc::ch07::HopperTuning::step6_prefetch_maps, kc::ch07::HopperTuning::step6_dependent_launch};
 constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma,  HopperStep::pipeline,          HopperStep::warp_specialized,
                                  HopperStep::persistent, HopperStep::cluster_multicast, HopperStep::tma_store};
 
@@ -239,6 +242,8 @@ TEST(HopperSteps, Names) {
   EXPECT_EQ(kc::ch07::kAfterStep, HopperStep::tma_store);
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_three_stages), "tune_step6_three_stages");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_small_tile), "tune_step6_small_tile");
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_prefetch_maps), "tune_step6_prefetch_maps");
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_dependent_launch), "tune_step6_dependent_launch");
   const auto three = kc::ch07::kStep6ThreeStageTile;
   EXPECT_EQ(three.stages, 3);
   EXPECT_EQ(three.c_staging_bytes(), 128 * 256 * 2) << "the whole tile at once";
@@ -688,7 +693,7 @@ std::vector<std::pair<std::string, Launch>> every_launch() {
   std::vector<std::pair<std::string, Launch>> launches;
   for (HopperStep step : kSteps) launches.emplace_back(kc::ch07::to_string(step), step_launch(step));
   launches.emplace_back("after", after_launch());
-  for (auto tuning : {kc::ch07::HopperTuning::step6_three_stages, kc::ch07::HopperTuning::step6_small_tile}) {
+  for (auto tuning : kTunings) {
     launches.emplace_back(kc::ch07::to_string(tuning), tuning_launch(tuning));
   }
   return launches;
@@ -792,9 +797,10 @@ TEST_P(HopperAfterGpu, MatchesReferenceAndCublas) {
 INSTANTIATE_TEST_SUITE_P(After, HopperAfterGpu, ::testing::ValuesIn(kShapes),
                          [](const ::testing::TestParamInfo<ShapeCase>& info) { return shape_name(info.param.shape); });
 
-// Step 6's measured alternatives (the tuning rows): the three-stage tile and the small-problem tile on
-// shapes that exercise their whole-tile store (N a multiple of 8: TMA stores; the last n-tile partly
-// outside C), their register fallback, and several tiles per cluster (the staging buffer reused).
+// Step 6's measured alternatives (the tuning rows): the three-stage tile, the small-problem tile, the
+// prefetched maps and the dependent launch, on shapes that exercise the whole-tile store (N a
+// multiple of 8: TMA stores; the last n-tile partly outside C), the register fallback, and several
+// tiles per cluster (the staging buffer reused).
 class HopperTuningGpu : public HopperGpuTest, public ::testing::WithParamInterface<kc::ch07::HopperTuning> {};
 
 TEST_P(HopperTuningGpu, MatchesReference) {
@@ -805,9 +811,7 @@ TEST_P(HopperTuningGpu, MatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tunings, HopperTuningGpu,
-                         ::testing::Values(kc::ch07::HopperTuning::step6_three_stages,
-                                           kc::ch07::HopperTuning::step6_small_tile),
+INSTANTIATE_TEST_SUITE_P(Tunings, HopperTuningGpu, ::testing::ValuesIn(kTunings),
                          [](const ::testing::TestParamInfo<kc::ch07::HopperTuning>& info) {
                            return std::string(kc::ch07::to_string(info.param));
                          });

@@ -31,6 +31,31 @@ struct Step6ThreeStageCluster {
 struct Step6SmallCluster {
   static constexpr TileConfig tile = kStep6SmallTile;  ///< 128 × 128, 6 stages, the whole tile staged
 };
+/// Step 6 with its tensor maps prefetched at kernel start (HopperTuning::step6_prefetch_maps).
+struct Step6PrefetchMapsCluster {
+  static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
+  static constexpr bool prefetch_maps = true;     ///< prefetch.tensormap before the first load
+};
+/// Step 6 launched as a programmatic dependent of the previous kernel in the stream
+/// (HopperTuning::step6_dependent_launch).
+struct Step6DependentLaunchCluster {
+  static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
+  static constexpr bool dependent_launch = true;  ///< programmatic stream serialization, griddepcontrol
+};
+
+/// Whether the tile type @p Tile asks for its tensor maps to be prefetched (false unless it says so).
+template <class Tile>
+__host__ __device__ constexpr bool prefetches_maps() {
+  if constexpr (requires { Tile::prefetch_maps; }) return Tile::prefetch_maps;
+  return false;
+}
+
+/// Whether the tile type @p Tile is launched as a programmatic dependent (false unless it says so).
+template <class Tile>
+__host__ __device__ constexpr bool launches_as_dependent() {
+  if constexpr (requires { Tile::dependent_launch; }) return Tile::dependent_launch;
+  return false;
+}
 
 /// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
 /// warpgroup (TMA loads, W multicast to both CTAs) and two consumer warpgroups (wgmma, then the
@@ -93,6 +118,14 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     return MemberTile{{has_rows ? c.m_tile * Tile::tile.block_m : 0, c.n_tile * Tile::tile.block_n}, has_rows};
   };
 
+  if constexpr (prefetches_maps<Tile>()) {
+    // The producer thread's first loads need A's and W's maps; the store leaders' first store, C's.
+    if (threadIdx.x == 0) {
+      ptx::prefetch_tensor_map(&a_map);
+      ptx::prefetch_tensor_map(&w_map);
+      if (kTmaStore && out.tma_store) ptx::prefetch_tensor_map(&c_map);
+    }
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kTile.stages; ++s) {
       ptx::mbarrier_init(&full[s], 1);  // this CTA's producer's expect_tx; the bytes come from both
@@ -101,6 +134,14 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     ptx::fence_mbarrier_init();  // release at cluster scope: the peer may use them next
   }
   ptx::cluster_sync();  // both CTAs' barriers exist before anyone multicasts or arrives remotely
+  if constexpr (launches_as_dependent<Tile>()) {
+    // Everything above touched only this CTA's shared memory, so it overlapped the previous kernel's
+    // last tiles. A and W may have been written by that kernel, and C may still be read by it: wait
+    // for it to finish. Then let the next kernel's blocks take each SM as this grid's blocks leave it
+    // (they can't share one: each needs nearly all of its shared memory).
+    ptx::wait_for_previous_grid();
+    ptx::allow_next_grid();
+  }
 
   if (warpgroup == 0) {
     // ------------------------------------------------------------------------------------- producer
@@ -218,8 +259,11 @@ void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, con
   config.blockDim = dim3(kTile.threads());
   config.dynamicSmemBytes = kTile.smem_bytes();
   config.stream = stream;
-  config.attrs = &cluster_dims;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attributes[2] = {cluster_dims, {}};
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = 1;  // the cluster shape only, for the occupancy query
   // Once per device (never inside a graph capture after the first call): the shared-memory opt-in, and
   // how many clusters of this kernel the GPU holds at once, which sizes the grid. Clusters must fit in
   // one GPC, so this can be less than SMs / 2 (an odd SM left over in a GPC stays idle).
@@ -237,6 +281,7 @@ void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, con
   });
   config.gridDim =
       dim3(static_cast<unsigned>(cluster_grid(out.tiles_m, out.tiles_n, kTile.cluster_m, resident_clusters)));
+  if constexpr (launches_as_dependent<Tile>()) config.numAttrs = 2;  // and programmatic stream serialization
   check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<Tile>, a_map, w_map, c_map, out));
   check_launch();
 }

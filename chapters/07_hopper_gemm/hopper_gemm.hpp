@@ -145,11 +145,14 @@ void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloa
 
 /// Measured alternatives to a ladder step, for the benchmark's tuning rows (KC_TUNE=1) and tests.
 enum class HopperTuning {
-  step6_three_stages,  ///< step 6 with 3 stages and the whole C tile staged at once (1 store round)
-  step6_small_tile,    ///< step 6 on `after`'s small-problem tile (128 × 128, 6 stages), on every shape
+  step6_three_stages,      ///< step 6 with 3 stages and the whole C tile staged at once (1 store round)
+  step6_small_tile,        ///< step 6 on `after`'s small-problem tile (128 × 128, 6 stages), on every shape
+  step6_prefetch_maps,     ///< step 6 with prefetch.tensormap of its maps at kernel start
+  step6_dependent_launch,  ///< step 6 as a programmatic dependent launch (griddepcontrol)
 };
 
-/// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile".
+/// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile",
+/// "tune_step6_prefetch_maps", "tune_step6_dependent_launch".
 const char* to_string(HopperTuning tuning);
 
 /// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step).

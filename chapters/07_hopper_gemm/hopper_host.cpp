@@ -153,7 +153,7 @@ void validate_maps(const OperandMaps& maps) {
 
 // The tile step 6 runs on: its own, one of its measured alternatives (HopperTuning), or, for
 // `after`, the one after_uses_small_tile picks for the shape on this GPU.
-enum class Step6Tile { own, three_stages, small, by_shape };
+enum class Step6Tile { own, three_stages, small, prefetch_maps, dependent_launch, by_shape };
 
 TileConfig tile_of(HopperStep step, Step6Tile choice) {
   if (step != HopperStep::tma_store) return tile_config(step);
@@ -161,6 +161,8 @@ TileConfig tile_of(HopperStep step, Step6Tile choice) {
     case Step6Tile::three_stages: return kStep6ThreeStageTile;
     case Step6Tile::small: return kStep6SmallTile;
     case Step6Tile::own:
+    case Step6Tile::prefetch_maps:
+    case Step6Tile::dependent_launch:
     case Step6Tile::by_shape: break;
   }
   return kStep6Tile;
@@ -228,6 +230,12 @@ void launch_gemm(HopperStep step, Step6Tile choice, const __nv_bfloat16* a, cons
       switch (choice) {
         case Step6Tile::three_stages: detail::launch_step6_three_stages(a_map, w_map, c_map, out, tiles, stream); break;
         case Step6Tile::small: detail::launch_step6_small_tile(a_map, w_map, c_map, out, tiles, stream); break;
+        case Step6Tile::prefetch_maps:
+          detail::launch_step6_prefetch_maps(a_map, w_map, c_map, out, tiles, stream);
+          break;
+        case Step6Tile::dependent_launch:
+          detail::launch_step6_dependent_launch(a_map, w_map, c_map, out, tiles, stream);
+          break;
         case Step6Tile::own:
         case Step6Tile::by_shape: detail::launch_step6(a_map, w_map, c_map, out, tiles, stream); break;
       }
@@ -246,6 +254,8 @@ const char* to_string(HopperTuning tuning) {
   switch (tuning) {
     case HopperTuning::step6_three_stages: return "tune_step6_three_stages";
     case HopperTuning::step6_small_tile: return "tune_step6_small_tile";
+    case HopperTuning::step6_prefetch_maps: return "tune_step6_prefetch_maps";
+    case HopperTuning::step6_dependent_launch: return "tune_step6_dependent_launch";
   }
   return "unknown";
 }
@@ -258,6 +268,12 @@ void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const 
       return;
     case HopperTuning::step6_small_tile:
       launch_gemm(HopperStep::tma_store, Step6Tile::small, a, w, c, shape, stream);
+      return;
+    case HopperTuning::step6_prefetch_maps:
+      launch_gemm(HopperStep::tma_store, Step6Tile::prefetch_maps, a, w, c, shape, stream);
+      return;
+    case HopperTuning::step6_dependent_launch:
+      launch_gemm(HopperStep::tma_store, Step6Tile::dependent_launch, a, w, c, shape, stream);
       return;
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");

@@ -57,6 +57,15 @@ void launch_step6_three_stages(const CUtensorMap& a_map, const CUtensorMap& w_ma
 void launch_step6_small_tile(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                              const Output& out, int tiles, cudaStream_t stream);
 
+/// Step 6 with its tensor maps prefetched at kernel start (HopperTuning::step6_prefetch_maps), as
+/// launch_step6.
+void launch_step6_prefetch_maps(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                                const Output& out, int tiles, cudaStream_t stream);
+/// Step 6 launched as a programmatic dependent of the previous kernel in the stream
+/// (HopperTuning::step6_dependent_launch), as launch_step6.
+void launch_step6_dependent_launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                                   const Output& out, int tiles, cudaStream_t stream);
+
 /// True in the build with kernels, false in the stub build.
 bool kernels_built();
 

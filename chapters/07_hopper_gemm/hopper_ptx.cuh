@@ -80,6 +80,24 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, std::uint32_t 
 
 // ----------------------------------------------------------------------------------------------- TMA
 
+/// Brings the tensor map @p map (a __grid_constant__ kernel parameter) into the TMA unit's descriptor
+/// cache ahead of its first use, so the first load does not also wait for the map's 128 bytes.
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+}
+
+// --------------------------------------------------------------------- programmatic dependent launch
+
+/// Waits until the grids this one depends on (the previous kernel in the stream, when this one was
+/// launched with programmatic stream serialization) have completed and their memory writes are
+/// visible. Without such a launch it returns at once.
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/// Lets the next kernel in the stream (launched with programmatic stream serialization) start its
+/// blocks once every block of this grid has said so or exited; they still wait_for_previous_grid
+/// before touching memory this grid writes.
+__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 /// Copies the box at element coordinates (@p col, @p row) of @p map into shared memory at @p dst;
 /// the bytes complete_tx on @p bar. Parts of the box outside the matrix arrive as zeros and still
 /// count. @p map must live in kernel parameter space (a __grid_constant__ parameter).

@@ -29,5 +29,13 @@ void launch_step6_small_tile(const CUtensorMap&, const CUtensorMap&, const CUten
                              cudaStream_t) {
   unavailable();
 }
+void launch_step6_prefetch_maps(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
+                                cudaStream_t) {
+  unavailable();
+}
+void launch_step6_dependent_launch(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
+                                   cudaStream_t) {
+  unavailable();
+}
 
 }  // namespace kc::ch07::detail

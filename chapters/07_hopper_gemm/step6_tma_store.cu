@@ -55,4 +55,16 @@ void launch_step6_small_tile(const CUtensorMap& a_map, const CUtensorMap& w_map,
   launch_cluster_gemm<Step6SmallCluster>(a_map, w_map, c_map, out, stream);
 }
 
+// Two candidates for 2048³ (docs/notes/ch07.md, "Next"), measured as tuning rows: step 6 with its tensor
+// maps prefetched, and step 6 launched as a programmatic dependent of the previous kernel.
+void launch_step6_prefetch_maps(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                                const Output& out, int /*tiles*/, cudaStream_t stream) {
+  launch_cluster_gemm<Step6PrefetchMapsCluster>(a_map, w_map, c_map, out, stream);
+}
+
+void launch_step6_dependent_launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                                   const Output& out, int /*tiles*/, cudaStream_t stream) {
+  launch_cluster_gemm<Step6DependentLaunchCluster>(a_map, w_map, c_map, out, stream);
+}
+
 }  // namespace kc::ch07::detail
