@@ -151,19 +151,15 @@ void validate_maps(const OperandMaps& maps) {
   validate_tensor_map(maps.w, "w");
 }
 
-// The tile step 6 runs on: its own, one of its measured alternatives (HopperTuning), or, for
-// `after`, the one after_uses_small_tile picks for the shape on this GPU.
-enum class Step6Tile { own, three_stages, small, prefetch_maps, dependent_launch, by_shape };
-
-TileConfig tile_of(HopperStep step, Step6Tile choice) {
+// The tile of @p step; for step 6, the tile of its variant @p kernel.
+TileConfig tile_of(HopperStep step, detail::Step6Kernel kernel) {
   if (step != HopperStep::tma_store) return tile_config(step);
-  switch (choice) {
-    case Step6Tile::three_stages: return kStep6ThreeStageTile;
-    case Step6Tile::small: return kStep6SmallTile;
-    case Step6Tile::own:
-    case Step6Tile::prefetch_maps:
-    case Step6Tile::dependent_launch:
-    case Step6Tile::by_shape: break;
+  switch (kernel) {
+    case detail::Step6Kernel::three_stages: return kStep6ThreeStageTile;
+    case detail::Step6Kernel::small_tile: return kStep6SmallTile;
+    case detail::Step6Kernel::own:
+    case detail::Step6Kernel::prefetch_maps:
+    case detail::Step6Kernel::dependent_launch: break;
   }
   return kStep6Tile;
 }
@@ -178,15 +174,16 @@ bool after_uses_small_tile(GemmShape shape, int sms) { return kc::ch07::after_us
 
 namespace {
 
-// The launch path of every step, of step 6's measured alternatives and of `after` (@p choice picks
-// step 6's tile; the other steps have one).
-void launch_gemm(HopperStep step, Step6Tile choice, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
-                 GemmShape shape, cudaStream_t stream) {
+// The launch path of every step, of step 6's measured alternatives (@p kernel picks step 6's variant;
+// the other steps have one) and of `after` (@p small_tile_when_one_round: step 6's own kernel, or its
+// small-problem tile where after_uses_small_tile says so).
+void launch_gemm(HopperStep step, detail::Step6Kernel kernel, bool small_tile_when_one_round, const __nv_bfloat16* a,
+                 const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, cudaStream_t stream) {
   // 1. Everything the host can check, before any CUDA call: the shape and pointer rules, and the maps
   // of every tile this launch may run on.
   validate_gemm_bf16_hopper(a, w, c, shape, step);
-  validate_maps(maps_for_tile(a, w, shape, tile_of(step, choice)));
-  if (choice == Step6Tile::by_shape) validate_maps(maps_for_tile(a, w, shape, kStep6SmallTile));
+  validate_maps(maps_for_tile(a, w, shape, tile_of(step, kernel)));
+  if (small_tile_when_one_round) validate_maps(maps_for_tile(a, w, shape, kStep6SmallTile));
   // 2. Can this build and this GPU run sm_90a code at all?
   if (!detail::kernels_built()) {
     throw UnsupportedGpu(
@@ -195,10 +192,8 @@ void launch_gemm(HopperStep step, Step6Tile choice, const __nv_bfloat16* a, cons
   }
   const DeviceFacts device = current_device_facts();
   if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
-  if (choice == Step6Tile::by_shape) {
-    choice = after_uses_small_tile(shape, device.sms) ? Step6Tile::small : Step6Tile::own;
-  }
-  const TileConfig tile = tile_of(step, choice);
+  if (small_tile_when_one_round && after_uses_small_tile(shape, device.sms)) kernel = detail::Step6Kernel::small_tile;
+  const TileConfig tile = tile_of(step, kernel);
   if (tile.smem_bytes() > device.smem_per_block_optin) {
     throw UnsupportedGpu(std::string(to_string(step)) + " needs " + std::to_string(tile.smem_bytes()) +
                          " bytes of shared memory per block; this GPU allows " +
@@ -226,20 +221,7 @@ void launch_gemm(HopperStep step, Step6Tile choice, const __nv_bfloat16* a, cons
     case HopperStep::warp_specialized: detail::launch_step3(a_map, w_map, out, tiles, stream); break;
     case HopperStep::persistent: detail::launch_step4(a_map, w_map, out, tiles, stream); break;
     case HopperStep::cluster_multicast: detail::launch_step5(a_map, w_map, out, tiles, stream); break;
-    case HopperStep::tma_store:
-      switch (choice) {
-        case Step6Tile::three_stages: detail::launch_step6_three_stages(a_map, w_map, c_map, out, tiles, stream); break;
-        case Step6Tile::small: detail::launch_step6_small_tile(a_map, w_map, c_map, out, tiles, stream); break;
-        case Step6Tile::prefetch_maps:
-          detail::launch_step6_prefetch_maps(a_map, w_map, c_map, out, tiles, stream);
-          break;
-        case Step6Tile::dependent_launch:
-          detail::launch_step6_dependent_launch(a_map, w_map, c_map, out, tiles, stream);
-          break;
-        case Step6Tile::own:
-        case Step6Tile::by_shape: detail::launch_step6(a_map, w_map, c_map, out, tiles, stream); break;
-      }
-      break;
+    case HopperStep::tma_store: detail::launch_step6(kernel, a_map, w_map, c_map, out, tiles, stream); break;
   }
 }
 
@@ -247,7 +229,7 @@ void launch_gemm(HopperStep step, Step6Tile choice, const __nv_bfloat16* a, cons
 
 void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                            GemmShape shape, cudaStream_t stream) {
-  launch_gemm(step, Step6Tile::own, a, w, c, shape, stream);
+  launch_gemm(step, detail::Step6Kernel::own, false, a, w, c, shape, stream);
 }
 
 const char* to_string(HopperTuning tuning) {
@@ -262,26 +244,21 @@ const char* to_string(HopperTuning tuning) {
 
 void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                              GemmShape shape, cudaStream_t stream) {
+  const auto run = [&](detail::Step6Kernel kernel) {
+    launch_gemm(HopperStep::tma_store, kernel, false, a, w, c, shape, stream);
+  };
   switch (tuning) {
-    case HopperTuning::step6_three_stages:
-      launch_gemm(HopperStep::tma_store, Step6Tile::three_stages, a, w, c, shape, stream);
-      return;
-    case HopperTuning::step6_small_tile:
-      launch_gemm(HopperStep::tma_store, Step6Tile::small, a, w, c, shape, stream);
-      return;
-    case HopperTuning::step6_prefetch_maps:
-      launch_gemm(HopperStep::tma_store, Step6Tile::prefetch_maps, a, w, c, shape, stream);
-      return;
-    case HopperTuning::step6_dependent_launch:
-      launch_gemm(HopperStep::tma_store, Step6Tile::dependent_launch, a, w, c, shape, stream);
-      return;
+    case HopperTuning::step6_three_stages: return run(detail::Step6Kernel::three_stages);
+    case HopperTuning::step6_small_tile: return run(detail::Step6Kernel::small_tile);
+    case HopperTuning::step6_prefetch_maps: return run(detail::Step6Kernel::prefetch_maps);
+    case HopperTuning::step6_dependent_launch: return run(detail::Step6Kernel::dependent_launch);
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }
 
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                       cudaStream_t stream) {
-  launch_gemm(kAfterStep, Step6Tile::by_shape, a, w, c, shape, stream);
+  launch_gemm(kAfterStep, detail::Step6Kernel::own, true, a, w, c, shape, stream);
 }
 
 }  // namespace kc::ch07

@@ -44,27 +44,20 @@ void launch_step4(const CUtensorMap& a_map, const CUtensorMap& w_map, const Outp
 /// cluster tile.
 void launch_step5(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
                   cudaStream_t stream);
+/// Which kernel step 6 launches: its own, or one of its measured alternatives (HopperTuning).
+enum class Step6Kernel {
+  own,               ///< kStep6Tile: 4 stages, half the tile staged at a time
+  three_stages,      ///< kStep6ThreeStageTile: 3 stages, the whole tile staged
+  small_tile,        ///< kStep6SmallTile: 128 × 128, 6 stages (`after` on small problems)
+  prefetch_maps,     ///< step 6 with its tensor maps prefetched at kernel start
+  dependent_launch,  ///< step 6 launched as a programmatic dependent of the previous kernel
+};
+
 /// Step 6's launcher (step6_tma_store.cu): like launch_step5, with the TMA-store epilogue, which
-/// writes C through @p c_map when out.tma_store (and from registers otherwise).
-void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map, const Output& out,
-                  int tiles, cudaStream_t stream);
-/// Step 6's three-stage alternative (HopperTuning::step6_three_stages), as launch_step6.
-void launch_step6_three_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                               const Output& out, int tiles, cudaStream_t stream);
-
-/// Step 6 on its small-problem tile (kStep6SmallTile: `after` on small problems, and
-/// HopperTuning::step6_small_tile), as launch_step6.
-void launch_step6_small_tile(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                             const Output& out, int tiles, cudaStream_t stream);
-
-/// Step 6 with its tensor maps prefetched at kernel start (HopperTuning::step6_prefetch_maps), as
-/// launch_step6.
-void launch_step6_prefetch_maps(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                                const Output& out, int tiles, cudaStream_t stream);
-/// Step 6 launched as a programmatic dependent of the previous kernel in the stream
-/// (HopperTuning::step6_dependent_launch), as launch_step6.
-void launch_step6_dependent_launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                                   const Output& out, int tiles, cudaStream_t stream);
+/// writes C through @p c_map when out.tma_store (and from registers otherwise); @p kernel picks the
+/// variant (out's tile counts and the maps' boxes must be that variant's tile).
+void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                  const Output& out, int tiles, cudaStream_t stream);
 
 /// True in the build with kernels, false in the stub build.
 bool kernels_built();

@@ -18,23 +18,8 @@ void launch_step2(const CUtensorMap&, const CUtensorMap&, const Output&, int, cu
 void launch_step3(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }
 void launch_step4(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }
 void launch_step5(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }
-void launch_step6(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) {
-  unavailable();
-}
-void launch_step6_three_stages(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
-                               cudaStream_t) {
-  unavailable();
-}
-void launch_step6_small_tile(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
-                             cudaStream_t) {
-  unavailable();
-}
-void launch_step6_prefetch_maps(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
-                                cudaStream_t) {
-  unavailable();
-}
-void launch_step6_dependent_launch(const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
-                                   cudaStream_t) {
+void launch_step6(Step6Kernel, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const Output&, int,
+                  cudaStream_t) {
   unavailable();
 }
 

@@ -37,34 +37,25 @@
 
 namespace kc::ch07::detail {
 
-void launch_step6(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map, const Output& out,
-                  int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<Step6Cluster>(a_map, w_map, c_map, out, stream);
-}
-
-// The alternative the tuning rows measure against this step: the whole tile staged at once, paid for
-// with the fourth stage.
-void launch_step6_three_stages(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                               const Output& out, int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<Step6ThreeStageCluster>(a_map, w_map, c_map, out, stream);
-}
-
-// `after`'s small-problem tile (and the tuning row that runs it everywhere): 128 × 128, 6 stages.
-void launch_step6_small_tile(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                             const Output& out, int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<Step6SmallCluster>(a_map, w_map, c_map, out, stream);
-}
-
-// Two candidates for 2048³ (docs/notes/ch07.md, "Next"), measured as tuning rows: step 6 with its tensor
-// maps prefetched, and step 6 launched as a programmatic dependent of the previous kernel.
-void launch_step6_prefetch_maps(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                                const Output& out, int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<Step6PrefetchMapsCluster>(a_map, w_map, c_map, out, stream);
-}
-
-void launch_step6_dependent_launch(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                                   const Output& out, int /*tiles*/, cudaStream_t stream) {
-  launch_cluster_gemm<Step6DependentLaunchCluster>(a_map, w_map, c_map, out, stream);
+// Each variant is its own instantiation of the cluster kernel. Beside step 6's own tile: the tuning rows'
+// alternatives (three stages with the whole tile staged; the two candidates for 2048³ in
+// docs/notes/ch07.md, "Next": prefetched tensor maps, a programmatic dependent launch) and `after`'s
+// small-problem tile (128 × 128, 6 stages).
+void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                  const Output& out, int /*tiles*/, cudaStream_t stream) {
+  switch (kernel) {
+    case Step6Kernel::own: launch_cluster_gemm<Step6Cluster>(a_map, w_map, c_map, out, stream); return;
+    case Step6Kernel::three_stages:
+      launch_cluster_gemm<Step6ThreeStageCluster>(a_map, w_map, c_map, out, stream);
+      return;
+    case Step6Kernel::small_tile: launch_cluster_gemm<Step6SmallCluster>(a_map, w_map, c_map, out, stream); return;
+    case Step6Kernel::prefetch_maps:
+      launch_cluster_gemm<Step6PrefetchMapsCluster>(a_map, w_map, c_map, out, stream);
+      return;
+    case Step6Kernel::dependent_launch:
+      launch_cluster_gemm<Step6DependentLaunchCluster>(a_map, w_map, c_map, out, stream);
+      return;
+  }
 }
 
 }  // namespace kc::ch07::detail
