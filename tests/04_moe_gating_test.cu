@@ -23,6 +23,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kc/compare.hpp"
@@ -274,9 +275,16 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
   return d;
 }
 
-enum class Path { before, after_fused, after_separate };
+// tune_prefetch_l2: the benchmark's tuning candidate (fp32 logits, counts fused).
+enum class Path { before, after_fused, after_separate, tune_prefetch_l2 };
 const char* path_name(Path p) {
-  return p == Path::before ? "before" : p == Path::after_fused ? "after_counts_fused" : "after_counts_separate";
+  switch (p) {
+    case Path::before: return "before";
+    case Path::after_fused: return "after_counts_fused";
+    case Path::after_separate: return "after_counts_separate";
+    case Path::tune_prefetch_l2: return "tune_prefetch_l2";
+  }
+  return "unknown";
 }
 
 template <typename T>
@@ -284,6 +292,12 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
+  } else if (path == Path::tune_prefetch_l2) {
+    if constexpr (std::is_same_v<T, float>) {
+      kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
+    } else {
+      FAIL() << "the prefetch candidate takes fp32 logits only";
+    }
   } else {
     kc::ch04::gating_after(p, logits, bias, out, stream,
                            path == Path::after_fused ? CountMode::fused_atomics : CountMode::separate_kernel);
@@ -372,6 +386,25 @@ TEST_F(MoeGatingGpu, AfterIsExactOnUnstructuredFp32) {
     std::vector<float> logits(static_cast<std::size_t>(4096) * e);
     kc::fill_uniform(std::span<float>(logits), seed + e);
     check_case(Path::after_fused, softmax_params(4096, e, std::min(e, 8), true), logits);
+  }
+}
+
+// The L2-prefetch candidate (a tuning row) must be `after` with one more instruction per vector:
+// exact ids, on every layout (E from 8 to 512) and on grids with a partial last round of rows.
+TEST_F(MoeGatingGpu, PrefetchCandidateMatchesTheReference) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (int e : {8, 64, 128, 256, 384, 512}) {
+    for (int k : {1, 8}) {
+      for (std::int64_t t : {1, 7, 4096, 70001}) {
+        if (t >= 4096 && kc::test::small_tests_only()) continue;
+        // 70001 rows: a warp walks ~13 rows at E = 256 (5280 rows a stride), so the prefetch runs,
+        // and the last rows have nothing two strides on.
+        if (t == 70001 && e != 64 && e != 256 && e != 512) continue;
+        std::vector<float> logits(static_cast<std::size_t>(t * e));
+        kc::fill_uniform(std::span<float>(logits), seed + e * 7 + k);
+        check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
+      }
+    }
   }
 }
 

@@ -529,6 +529,19 @@ __device__ __forceinline__ void load_row_if(const T* lane_logits, bool row_exist
   }
 }
 
+// Asks L2 for the vectors of a row that load_row_if would load (the same lanes, the same addresses):
+// one prefetch.global.L2 per vector, which the warp's lanes coalesce into the row's 128-byte lines.
+// Nothing comes back to registers, so it costs an instruction per vector and no latency.
+template <typename T, int L, int N, int V>
+__device__ __forceinline__ void prefetch_row_l2(const T* lane_logits, int num_experts, int seg_lane) {
+#pragma unroll
+  for (int c = 0; c < N / V; ++c) {
+    if (expert_of<L, V>(c * V, seg_lane) < num_experts) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(lane_logits + c * L * V));
+    }
+  }
+}
+
 // 2^x with a denormal result flushed to 0: one MUFU.EX2. __expf / exp2f keep denormal results
 // exact, which costs four more instructions a value (a range test and two multiplies) for weights
 // below 1.2e-38, far below the tests' 1e-5.
@@ -564,7 +577,10 @@ struct GridStride {
   std::int64_t outputs;  // rows * k
 };
 
-template <typename T, int L, int N, int V>
+// kPrefetchL2: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v4_prefetch; docs/notes/ch04.md,
+// Session 8). Each iteration also asks L2 for the row after next, so a warp has two rows on their way
+// from DRAM instead of one; `after` runs without it until it is measured.
+template <typename T, int L, int N, int V, bool kPrefetchL2 = false>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   constexpr int kIdBits = id_bits<L, N>();
@@ -610,6 +626,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (__any_sync(kFullMask, odd)) fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, seg_lane, packed);
     load_row_if<T, L, N, V>(lane_logits + stride.logits, row + stride.rows < a.num_tokens, a.num_experts, seg_lane, x);
+    if constexpr (kPrefetchL2) {
+      if (row + 2 * stride.rows < a.num_tokens) {
+        prefetch_row_l2<T, L, N, V>(lane_logits + 2 * stride.logits, a.num_experts, seg_lane);
+      }
+    }
 
     unsigned slot[kSlots] = {};  // lanes past k keep 0 and store nothing
     const bool shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
@@ -871,37 +892,44 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices]) {
   return blocks;
 }
 
-// kVersion3: the previous kernel, for the benchmark's tuning cases only.
-template <typename T, int L, int N, int V, bool kVersion3>
+// Which fused softmax kernel a launch runs: `after`'s (Version 4), or one the benchmark's tuning cases
+// measure beside it.
+enum class SoftmaxKernel {
+  version4,           // the packed-key kernel: `after`
+  version3,           // the previous kernel (full 32-bit keys)
+  version4_prefetch,  // Version 4 with the row after next prefetched to L2
+};
+
+template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
 void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) {
   static std::atomic<int> cache[kCachedDevices];
   constexpr int kRowsPerBlock = kWarpsPerBlock * (32 / L);
-  if constexpr (kVersion3) {
+  if constexpr (kKernel == SoftmaxKernel::version3) {
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
     kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
   } else {
-    const auto kernel = fused_softmax_topk<T, L, N, V>;
+    const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch>;
     const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache));
     const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
     kernel<<<blocks, kThreads, 0, stream>>>(logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
   }
 }
 
-template <typename T, int V, bool kVersion3>
+template <typename T, int V, SoftmaxKernel kKernel>
 void dispatch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) {
   // The smallest layout that holds E: one thread per row for E <= 8, a warp per row from 129 on.
   const int e = a.num_experts;
   if (e <= 8) {
-    launch_softmax<T, 1, 8, V, kVersion3>(logits, a, stream);
+    launch_softmax<T, 1, 8, V, kKernel>(logits, a, stream);
   } else if (e <= 64) {
     // E <= 32 too: an L = 4 segment needs 8 output slots a lane (k <= 32), which spilled on sm_80.
-    launch_softmax<T, 8, 8, V, kVersion3>(logits, a, stream);
+    launch_softmax<T, 8, 8, V, kKernel>(logits, a, stream);
   } else if (e <= 128) {
-    launch_softmax<T, 16, 8, V, kVersion3>(logits, a, stream);
+    launch_softmax<T, 16, 8, V, kKernel>(logits, a, stream);
   } else if (e <= 256) {
-    launch_softmax<T, 32, 8, V, kVersion3>(logits, a, stream);
+    launch_softmax<T, 32, 8, V, kKernel>(logits, a, stream);
   } else {
-    launch_softmax<T, 32, 16, V, kVersion3>(logits, a, stream);
+    launch_softmax<T, 32, 16, V, kKernel>(logits, a, stream);
   }
 }
 
@@ -917,7 +945,7 @@ void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, cudaStream_t stre
   }
 }
 
-template <typename T, bool kVersion3 = false>
+template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::version4>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
   validate_gating(p, logits, bias, out);
@@ -934,8 +962,8 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   // 16-byte vectors when every row starts 16-byte aligned; otherwise one element per load.
   constexpr int kVector = 16 / sizeof(T);
   const bool vector = p.num_experts % kVector == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
-  if (kVersion3 && p.scoring == Scoring::deepseek_v3) {
-    throw InvalidArgument("scoring must be softmax_then_topk or topk_then_softmax for the Version 3 kernel");
+  if (kKernel != SoftmaxKernel::version4 && p.scoring == Scoring::deepseek_v3) {
+    throw InvalidArgument("scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
   }
   if (p.scoring == Scoring::deepseek_v3) {
     const DeepSeekArgs a{bias,          out.weights, out.ids,   kernel_counts, p.num_tokens,
@@ -949,8 +977,8 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
                         p.num_experts,
                         p.k,
                         p.scoring == Scoring::softmax_then_topk && !p.renormalize};
-    vector ? dispatch_softmax<T, kVector, kVersion3>(logits, a, stream)
-           : dispatch_softmax<T, 1, kVersion3>(logits, a, stream);
+    vector ? dispatch_softmax<T, kVector, kKernel>(logits, a, stream)
+           : dispatch_softmax<T, 1, kKernel>(logits, a, stream);
   }
   check_launch();
   if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
@@ -976,7 +1004,13 @@ void gating_after(const GatingParams& params, const __nv_bfloat16* logits, const
 namespace tune {
 
 void gating_after_v3(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
-  gating_after_impl<float, true>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+  gating_after_impl<float, SoftmaxKernel::version3>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+}
+
+void gating_after_prefetch_l2(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                              cudaStream_t stream) {
+  gating_after_impl<float, SoftmaxKernel::version4_prefetch>(params, logits, nullptr, out, stream,
+                                                             CountMode::fused_atomics);
 }
 
 }  // namespace tune
