@@ -14,48 +14,40 @@
 namespace kc::ch07::detail {
 
 // The kernel's template argument is a tile, passed as a type that holds it: nvcc's launch stubs do not
-// take a class-type template argument (a TileConfig) directly.
+// take a class-type template argument (a TileConfig) directly. The type also carries two launch
+// options, off unless a tuning row turns them on.
+/// The options every tile type starts from: no tensor-map prefetch, an ordinary launch.
+struct ClusterKernelOptions {
+  static constexpr bool prefetch_maps = false;     ///< prefetch.tensormap before the first load
+  static constexpr bool dependent_launch = false;  ///< programmatic stream serialization, griddepcontrol
+};
 /// Step 5's tile as a kernel template argument.
-struct Step5Cluster {
+struct Step5Cluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep5Tile;  ///< 128 × 256, stores from registers
 };
 /// Step 6's tile as a kernel template argument.
-struct Step6Cluster {
+struct Step6Cluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6Tile;  ///< 128 × 256, 4 stages, half the tile staged at a time
 };
 /// Step 6's three-stage alternative as a kernel template argument.
-struct Step6ThreeStageCluster {
+struct Step6ThreeStageCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6ThreeStageTile;  ///< 128 × 256, 3 stages, the whole tile staged
 };
 /// Step 6's small-problem tile as a kernel template argument.
-struct Step6SmallCluster {
+struct Step6SmallCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6SmallTile;  ///< 128 × 128, 6 stages, the whole tile staged
 };
 /// Step 6 with its tensor maps prefetched at kernel start (HopperTuning::step6_prefetch_maps).
-struct Step6PrefetchMapsCluster {
+struct Step6PrefetchMapsCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
   static constexpr bool prefetch_maps = true;     ///< prefetch.tensormap before the first load
 };
 /// Step 6 launched as a programmatic dependent of the previous kernel in the stream
 /// (HopperTuning::step6_dependent_launch).
-struct Step6DependentLaunchCluster {
+struct Step6DependentLaunchCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
   static constexpr bool dependent_launch = true;  ///< programmatic stream serialization, griddepcontrol
 };
-
-/// Whether the tile type @p Tile asks for its tensor maps to be prefetched (false unless it says so).
-template <class Tile>
-__host__ __device__ constexpr bool prefetches_maps() {
-  if constexpr (requires { Tile::prefetch_maps; }) return Tile::prefetch_maps;
-  return false;
-}
-
-/// Whether the tile type @p Tile is launched as a programmatic dependent (false unless it says so).
-template <class Tile>
-__host__ __device__ constexpr bool launches_as_dependent() {
-  if constexpr (requires { Tile::dependent_launch; }) return Tile::dependent_launch;
-  return false;
-}
 
 /// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
 /// warpgroup (TMA loads, W multicast to both CTAs) and two consumer warpgroups (wgmma, then the
@@ -118,7 +110,7 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     return MemberTile{{has_rows ? c.m_tile * Tile::tile.block_m : 0, c.n_tile * Tile::tile.block_n}, has_rows};
   };
 
-  if constexpr (prefetches_maps<Tile>()) {
+  if constexpr (Tile::prefetch_maps) {
     // The producer thread's first loads need A's and W's maps; the store leaders' first store, C's.
     if (threadIdx.x == 0) {
       ptx::prefetch_tensor_map(&a_map);
@@ -134,11 +126,11 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     ptx::fence_mbarrier_init();  // release at cluster scope: the peer may use them next
   }
   ptx::cluster_sync();  // both CTAs' barriers exist before anyone multicasts or arrives remotely
-  if constexpr (launches_as_dependent<Tile>()) {
+  if constexpr (Tile::dependent_launch) {
     // Everything above touched only this CTA's shared memory, so it overlapped the previous kernel's
-    // last tiles. A and W may have been written by that kernel, and C may still be read by it: wait
-    // for it to finish. Then let the next kernel's blocks take each SM as this grid's blocks leave it
-    // (they can't share one: each needs nearly all of its shared memory).
+    // last tiles. That kernel may have written A or W, and may still be writing C: wait for it to
+    // finish and its writes to be visible. Then let the next kernel's blocks take each SM as this grid's blocks leave
+    // it (they can't share one: each needs nearly all of its shared memory).
     ptx::wait_for_previous_grid();
     ptx::allow_next_grid();
   }
@@ -281,7 +273,7 @@ void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, con
   });
   config.gridDim =
       dim3(static_cast<unsigned>(cluster_grid(out.tiles_m, out.tiles_n, kTile.cluster_m, resident_clusters)));
-  if constexpr (launches_as_dependent<Tile>()) config.numAttrs = 2;  // and programmatic stream serialization
+  if constexpr (Tile::dependent_launch) config.numAttrs = 2;  // and programmatic stream serialization
   check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<Tile>, a_map, w_map, c_map, out));
   check_launch();
 }
