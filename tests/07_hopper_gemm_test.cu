@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <ostream>
@@ -45,9 +46,9 @@ using kc::test::bf16_gemm::random_inputs;
 using kc::test::bf16_gemm::shape_name;
 
 constexpr double kTolerance = 1e-2;  // see the top of the file
-constexpr kc::ch07::HopperTuning kTunings[] = {
-    kc::ch07::HopperTuning::step6_three_stages, kc::ch07::HopperTuning::step6_small_tile,
-    kc::ch07::HopperTuning::step6_prefetch_maps, kc::ch07::HopperTuning::step6_dependent_launch};
+constexpr kc::ch07::HopperTuning kTunings[] = {kc::ch07::HopperTuning::step6_three_stages,
+                                               kc::ch07::HopperTuning::step6_small_tile,
+                                               kc::ch07::HopperTuning::step6_prefetch_maps};
 constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma,  HopperStep::pipeline,          HopperStep::warp_specialized,
                                  HopperStep::persistent, HopperStep::cluster_multicast, HopperStep::tma_store};
 
@@ -243,7 +244,6 @@ TEST(HopperSteps, Names) {
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_three_stages), "tune_step6_three_stages");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_small_tile), "tune_step6_small_tile");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_prefetch_maps), "tune_step6_prefetch_maps");
-  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_dependent_launch), "tune_step6_dependent_launch");
   const auto three = kc::ch07::kStep6ThreeStageTile;
   EXPECT_EQ(three.stages, 3);
   EXPECT_EQ(three.c_staging_bytes(), 128 * 256 * 2) << "the whole tile at once";
@@ -254,22 +254,6 @@ TEST(HopperSteps, Names) {
   EXPECT_EQ(small.stage_bytes(), 32768);
   EXPECT_EQ(small.c_staging_bytes(), 128 * 128 * 2) << "the whole tile at once";
   EXPECT_LE(small.smem_bytes(), kc::ch07::kSm90SmemPerBlock);
-}
-
-// `after` takes the small tile exactly when step 6's 128 × 256 tiles, in clusters of two, are at most
-// one per pair of SMs.
-TEST(HopperSteps, AfterUsesTheSmallTileWhenStepSixHasOneRound) {
-  using kc::ch07::after_uses_small_tile;
-  EXPECT_TRUE(after_uses_small_tile({2048, 2048, 2048}, 132)) << "16 x 8 tiles: 64 cluster tiles for 66 clusters";
-  EXPECT_FALSE(after_uses_small_tile({4096, 4096, 4096}, 132)) << "256 cluster tiles";
-  EXPECT_FALSE(after_uses_small_tile({8192, 7168, 2048}, 132));
-  EXPECT_FALSE(after_uses_small_tile({4096, 4096, 7168}, 132));
-  EXPECT_TRUE(after_uses_small_tile({1, 1, 8}, 132));
-  // The boundary: 66 cluster tiles take one round, 67 two.
-  EXPECT_TRUE(after_uses_small_tile({256, 66 * 256, 64}, 132));
-  EXPECT_FALSE(after_uses_small_tile({256, 66 * 256 + 1, 64}, 132));
-  EXPECT_TRUE(after_uses_small_tile({129, 33 * 256, 64}, 132)) << "M = 129: one pair of m-tiles, 33 n-tiles";
-  EXPECT_FALSE(after_uses_small_tile({2048, 2048, 2048}, 100)) << "fewer SMs: 64 cluster tiles for 50 clusters";
 }
 
 // ---------------------------------------------------------------- CPU: tensor maps
@@ -784,8 +768,8 @@ INSTANTIATE_TEST_SUITE_P(Steps, HopperGemmGpu,
                                   shape_name(std::get<1>(info.param).shape);
                          });
 
-// `after` on every shape: step 6 on its small-problem tile for all but the shapes with more than one
-// round of step 6's tiles (2100 × 4100, 2100 × 4104 and 4096³ here), which run step 6 itself.
+// `after` on every shape: step 6's kernel as a programmatic dependent launch (AfterWaitsForThePreviousKernel
+// below checks the ordering that this launch relaxes).
 class HopperAfterGpu : public HopperGpuTest, public ::testing::WithParamInterface<ShapeCase> {};
 
 TEST_P(HopperAfterGpu, MatchesReferenceAndCublas) {
@@ -797,8 +781,8 @@ TEST_P(HopperAfterGpu, MatchesReferenceAndCublas) {
 INSTANTIATE_TEST_SUITE_P(After, HopperAfterGpu, ::testing::ValuesIn(kShapes),
                          [](const ::testing::TestParamInfo<ShapeCase>& info) { return shape_name(info.param.shape); });
 
-// Step 6's measured alternatives (the tuning rows): the three-stage tile, the small-problem tile, the
-// prefetched maps and the dependent launch, on shapes that exercise the whole-tile store (N a
+// Step 6's measured alternatives (the tuning rows): the three-stage tile, the 128 × 128 tile and the
+// prefetched maps, on shapes that exercise the whole-tile store (N a
 // multiple of 8: TMA stores; the last n-tile partly outside C), the register fallback, and several
 // tiles per cluster (the staging buffer reused).
 class HopperTuningGpu : public HopperGpuTest, public ::testing::WithParamInterface<kc::ch07::HopperTuning> {};
@@ -881,6 +865,65 @@ TEST_F(HopperGpuTest, GraphCapturableAndRepeatable) {
       kc::test::expect_graph_capturable(run);
       kc::test::expect_bitwise_repeatable(run);
     }
+  }
+}
+
+// `after` is a programmatic dependent launch: its blocks may start while the previous kernel in the
+// stream still runs, and must wait for it before touching memory. Two pairs of launches on one
+// stream, one per hazard, each against step 6 run launch by launch with a synchronisation between
+// them, bit for bit (the same kernel code, the same order of sums):
+//   - read after write: X = A·W1ᵀ, then Y = X·W2ᵀ reads the X the first launch is writing;
+//   - write after read: X = A·W1ᵀ, then A = B·Vᵀ overwrites the A the first launch is reading.
+// The first launch of each pair is long (2048 × 2048 × 4096, several µs per tile), so a second launch
+// that did not wait would read X before it is written or overwrite A before it is read.
+TEST_F(HopperGpuTest, AfterWaitsForThePreviousKernel) {
+  if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shapes";
+  const GemmShape first{2048, 2048, 4096};    // X = A·W1ᵀ
+  const GemmShape chained{2048, 264, 2048};   // Y = X·W2ᵀ
+  const GemmShape overwrite{2048, 4096, 72};  // A = B·Vᵀ, A's own shape
+  const std::uint64_t seed = kc::test::test_seed();
+  const Inputs in_first = random_inputs(first, seed);
+  const Inputs in_chained = random_inputs(chained, seed + 1);
+  const Inputs in_overwrite = random_inputs(overwrite, seed + 2);
+  kc::DeviceBuffer<bf16> w1(in_first.w), w2(in_chained.w), b(in_overwrite.a), v(in_overwrite.w);
+  const auto step6 = [](const bf16* a, const bf16* w, bf16* c, GemmShape s) {
+    kc::ch07::gemm_bf16_hopper_step(HopperStep::tma_store, a, w, c, s);
+    kc::check(cudaDeviceSynchronize());
+  };
+  const auto elements = [](GemmShape s) { return static_cast<std::size_t>(s.m * s.n); };
+  const auto same_bits = [](const kc::DeviceBuffer<bf16>& got, const kc::DeviceBuffer<bf16>& want) {
+    const std::vector<bf16> g = got.to_host(), w = want.to_host();
+    return g.size() == w.size() && std::memcmp(g.data(), w.data(), g.size() * sizeof(bf16)) == 0;
+  };
+
+  // Read after write.
+  {
+    kc::DeviceBuffer<bf16> a(in_first.a), x_want(elements(first)), y_want(elements(chained));
+    step6(a.data(), w1.data(), x_want.data(), first);
+    step6(x_want.data(), w2.data(), y_want.data(), chained);
+    kc::DeviceBuffer<bf16> x(elements(first)), y(elements(chained));
+    x.fill_bytes(kc::test::kPoisonByte);
+    y.fill_bytes(kc::test::kPoisonByte);
+    kc::check(cudaDeviceSynchronize());
+    kc::ch07::gemm_bf16_hopper(a.data(), w1.data(), x.data(), first);
+    kc::ch07::gemm_bf16_hopper(x.data(), w2.data(), y.data(), chained);
+    kc::check(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(x, x_want)) << "X = A·W1ᵀ differs from step 6";
+    EXPECT_TRUE(same_bits(y, y_want)) << "Y = X·W2ᵀ read X before the launch writing it had finished";
+  }
+  // Write after read.
+  {
+    kc::DeviceBuffer<bf16> a(in_first.a), x_want(elements(first)), a_want(elements(overwrite));
+    step6(a.data(), w1.data(), x_want.data(), first);
+    step6(b.data(), v.data(), a_want.data(), overwrite);
+    kc::DeviceBuffer<bf16> x(elements(first));
+    x.fill_bytes(kc::test::kPoisonByte);
+    kc::check(cudaDeviceSynchronize());
+    kc::ch07::gemm_bf16_hopper(a.data(), w1.data(), x.data(), first);
+    kc::ch07::gemm_bf16_hopper(b.data(), v.data(), a.data(), overwrite);
+    kc::check(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(x, x_want)) << "X = A·W1ᵀ read an A that the next launch had overwritten";
+    EXPECT_TRUE(same_bits(a, a_want)) << "A = B·Vᵀ differs from step 6";
   }
 }
 

@@ -4,7 +4,7 @@
 /// The template parameter, a tile, picks the epilogue: step 5 stores the accumulators from registers
 /// while the tensor cores wait; step 6 stages them in shared memory and lets TMA store them
 /// (step6_tma_store.cu explains it), so the consumers start their next tile at once. It also picks
-/// the width: 256 columns, or 128 for the small-problem tile of `after`.
+/// the width: 256 columns, or 128 for the small-problem alternative.
 #pragma once
 
 #include "hopper_ptx.cuh"
@@ -15,7 +15,7 @@ namespace kc::ch07::detail {
 
 // The kernel's template argument is a tile, passed as a type that holds it: nvcc's launch stubs do not
 // take a class-type template argument (a TileConfig) directly. The type also carries two launch
-// options, off unless a tuning row turns them on.
+// options, off unless `after` or a tuning row turns them on.
 /// The options every tile type starts from: no tensor-map prefetch, an ordinary launch.
 struct ClusterKernelOptions {
   static constexpr bool prefetch_maps = false;     ///< prefetch.tensormap before the first load
@@ -33,7 +33,7 @@ struct Step6Cluster : ClusterKernelOptions {
 struct Step6ThreeStageCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6ThreeStageTile;  ///< 128 × 256, 3 stages, the whole tile staged
 };
-/// Step 6's small-problem tile as a kernel template argument.
+/// Step 6's small-problem alternative as a kernel template argument.
 struct Step6SmallCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6SmallTile;  ///< 128 × 128, 6 stages, the whole tile staged
 };
@@ -42,8 +42,7 @@ struct Step6PrefetchMapsCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
   static constexpr bool prefetch_maps = true;     ///< prefetch.tensormap before the first load
 };
-/// Step 6 launched as a programmatic dependent of the previous kernel in the stream
-/// (HopperTuning::step6_dependent_launch).
+/// Step 6 launched as a programmatic dependent of the previous kernel in the stream: `after`.
 struct Step6DependentLaunchCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
   static constexpr bool dependent_launch = true;  ///< programmatic stream serialization, griddepcontrol

@@ -61,8 +61,7 @@ enum class HopperStep {
   tma_store,          ///< step 6: step 5 with a TMA-store epilogue (the `after`)
 };
 
-/// The chapter's final step, the one gemm_bf16_hopper runs (on its small-problem tile when
-/// after_uses_small_tile says so).
+/// The chapter's final step, the one gemm_bf16_hopper runs (as a programmatic dependent launch).
 inline constexpr HopperStep kAfterStep = HopperStep::tma_store;
 
 /// What a step's kernel is, in numbers (the lesson's table and the CPU tests read these).
@@ -128,13 +127,10 @@ bool c_tma_storable(const __nv_bfloat16* c, GemmShape shape);
 /// layout each consumer warpgroup stages its accumulators in. Host-only arithmetic (see operand_maps).
 TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape);
 
-/// True when gemm_bf16_hopper runs step 6 on its small-problem tile (128 × 128, 6 stages) rather than
-/// its own (128 × 256) for C [shape.m, shape.n] on a GPU with @p sms SMs: when the 128 × 256 tiles,
-/// in clusters of two, number at most one per pair of SMs (2048³ on 132 SMs: 64 for 66). Host-only.
-bool after_uses_small_tile(GemmShape shape, int sms);
-
-/// C = A · Wᵀ with the chapter's final kernel: step 6, on its small-problem tile when
-/// after_uses_small_tile says so.
+/// C = A · Wᵀ with the chapter's final kernel: step 6's, launched as a programmatic dependent of the
+/// previous kernel in @p stream. Its blocks set up their barriers and cluster while that kernel's
+/// last tiles finish, then wait for it (griddepcontrol.wait) before any load or store; with an
+/// ordinary kernel before it, it behaves exactly like step 6.
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned
 /// @param c [M, N] row-major output, 2-byte aligned
@@ -145,14 +141,13 @@ void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloa
 
 /// Measured alternatives to a ladder step, for the benchmark's tuning rows (KC_TUNE=1) and tests.
 enum class HopperTuning {
-  step6_three_stages,      ///< step 6 with 3 stages and the whole C tile staged at once (1 store round)
-  step6_small_tile,        ///< step 6 on `after`'s small-problem tile (128 × 128, 6 stages), on every shape
-  step6_prefetch_maps,     ///< step 6 with prefetch.tensormap of its maps at kernel start
-  step6_dependent_launch,  ///< step 6 as a programmatic dependent launch (griddepcontrol)
+  step6_three_stages,   ///< step 6 with 3 stages and the whole C tile staged at once (1 store round)
+  step6_small_tile,     ///< step 6 on a 128 × 128 tile (6 stages, the whole tile staged)
+  step6_prefetch_maps,  ///< step 6 with prefetch.tensormap of its maps at kernel start
 };
 
 /// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile",
-/// "tune_step6_prefetch_maps", "tune_step6_dependent_launch".
+/// "tune_step6_prefetch_maps".
 const char* to_string(HopperTuning tuning);
 
 /// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step).

@@ -170,20 +170,16 @@ OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmSha
   return maps_for_tile(a, w, shape, tile_config(step));
 }
 
-bool after_uses_small_tile(GemmShape shape, int sms) { return kc::ch07::after_uses_small_tile(shape.m, shape.n, sms); }
-
 namespace {
 
-// The launch path of every step, of step 6's measured alternatives (@p kernel picks step 6's variant;
-// the other steps have one) and of `after` (@p small_tile_when_one_round: step 6's own kernel, or its
-// small-problem tile where after_uses_small_tile says so).
-void launch_gemm(HopperStep step, detail::Step6Kernel kernel, bool small_tile_when_one_round, const __nv_bfloat16* a,
-                 const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, cudaStream_t stream) {
+// The launch path of every step, of step 6's measured alternatives and of `after` (@p kernel picks
+// step 6's variant; the other steps have one).
+void launch_gemm(HopperStep step, detail::Step6Kernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                 __nv_bfloat16* c, GemmShape shape, cudaStream_t stream) {
   // 1. Everything the host can check, before any CUDA call: the shape and pointer rules, and the maps
-  // of every tile this launch may run on.
+  // of the tile this launch runs on.
   validate_gemm_bf16_hopper(a, w, c, shape, step);
   validate_maps(maps_for_tile(a, w, shape, tile_of(step, kernel)));
-  if (small_tile_when_one_round) validate_maps(maps_for_tile(a, w, shape, kStep6SmallTile));
   // 2. Can this build and this GPU run sm_90a code at all?
   if (!detail::kernels_built()) {
     throw UnsupportedGpu(
@@ -192,7 +188,6 @@ void launch_gemm(HopperStep step, detail::Step6Kernel kernel, bool small_tile_wh
   }
   const DeviceFacts device = current_device_facts();
   if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
-  if (small_tile_when_one_round && after_uses_small_tile(shape, device.sms)) kernel = detail::Step6Kernel::small_tile;
   const TileConfig tile = tile_of(step, kernel);
   if (tile.smem_bytes() > device.smem_per_block_optin) {
     throw UnsupportedGpu(std::string(to_string(step)) + " needs " + std::to_string(tile.smem_bytes()) +
@@ -229,7 +224,7 @@ void launch_gemm(HopperStep step, detail::Step6Kernel kernel, bool small_tile_wh
 
 void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                            GemmShape shape, cudaStream_t stream) {
-  launch_gemm(step, detail::Step6Kernel::own, false, a, w, c, shape, stream);
+  launch_gemm(step, detail::Step6Kernel::own, a, w, c, shape, stream);
 }
 
 const char* to_string(HopperTuning tuning) {
@@ -237,7 +232,6 @@ const char* to_string(HopperTuning tuning) {
     case HopperTuning::step6_three_stages: return "tune_step6_three_stages";
     case HopperTuning::step6_small_tile: return "tune_step6_small_tile";
     case HopperTuning::step6_prefetch_maps: return "tune_step6_prefetch_maps";
-    case HopperTuning::step6_dependent_launch: return "tune_step6_dependent_launch";
   }
   return "unknown";
 }
@@ -245,20 +239,19 @@ const char* to_string(HopperTuning tuning) {
 void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                              GemmShape shape, cudaStream_t stream) {
   const auto run = [&](detail::Step6Kernel kernel) {
-    launch_gemm(HopperStep::tma_store, kernel, false, a, w, c, shape, stream);
+    launch_gemm(HopperStep::tma_store, kernel, a, w, c, shape, stream);
   };
   switch (tuning) {
     case HopperTuning::step6_three_stages: return run(detail::Step6Kernel::three_stages);
     case HopperTuning::step6_small_tile: return run(detail::Step6Kernel::small_tile);
     case HopperTuning::step6_prefetch_maps: return run(detail::Step6Kernel::prefetch_maps);
-    case HopperTuning::step6_dependent_launch: return run(detail::Step6Kernel::dependent_launch);
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }
 
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                       cudaStream_t stream) {
-  launch_gemm(kAfterStep, detail::Step6Kernel::own, true, a, w, c, shape, stream);
+  launch_gemm(kAfterStep, detail::Step6Kernel::dependent_launch, a, w, c, shape, stream);
 }
 
 }  // namespace kc::ch07

@@ -48,9 +48,9 @@ void launch_step5(const CUtensorMap& a_map, const CUtensorMap& w_map, const Outp
 enum class Step6Kernel {
   own,               ///< kStep6Tile: 4 stages, half the tile staged at a time
   three_stages,      ///< kStep6ThreeStageTile: 3 stages, the whole tile staged
-  small_tile,        ///< kStep6SmallTile: 128 × 128, 6 stages (`after` on small problems)
+  small_tile,        ///< kStep6SmallTile: 128 × 128, 6 stages
   prefetch_maps,     ///< step 6 with its tensor maps prefetched at kernel start
-  dependent_launch,  ///< step 6 launched as a programmatic dependent of the previous kernel
+  dependent_launch,  ///< step 6 launched as a programmatic dependent of the previous kernel (`after`)
 };
 
 /// Step 6's launcher (step6_tma_store.cu): like launch_step5, with the TMA-store epilogue, which

@@ -91,12 +91,12 @@ inline constexpr TileConfig kStep6Tile{128, 256, 2, 1, 4, 2, true, 2};
 /// paid for with a stage (3 stages of 48 KiB + 64 KiB fit in 227 KiB, 4 would not).
 inline constexpr TileConfig kStep6ThreeStageTile{128, 256, 2, 1, 3, 2, true, 1};
 
-/// The small-problem tile of `after` (and HopperTuning::step6_small_tile): step 6 on a 128 × 128 tile.
-/// When step 6's 128 × 256 tiles give every cluster at most one tile, each CTA fills its pipeline,
-/// multiplies, and then waits for its whole 64 KiB of C to be written, with nothing to overlap either
-/// with. Half-width tiles give twice as many: most clusters take two, and the second tile's loads and
-/// math hide the first one's store. A stage is 32 KiB, so the whole tile's staging (32 KiB) and
-/// 6 stages fit.
+/// Step 6's small-problem alternative (HopperTuning::step6_small_tile): step 6 on a 128 × 128 tile.
+/// When step 6's 128 × 256 tiles give every cluster at most one tile (2048³), each CTA fills its
+/// pipeline, multiplies, and then waits for its whole 64 KiB of C to be written, with nothing to
+/// overlap either with. Half-width tiles give twice as many: most clusters take two, and the second
+/// tile's loads and math hide the first one's store. A stage is 32 KiB, so the whole tile's staging
+/// (32 KiB) and 6 stages fit. Measured: a tie with step 6 at 2048³, slower above (docs/notes/ch07.md).
 inline constexpr TileConfig kStep6SmallTile{128, 128, 2, 1, 6, 2, true, 1};
 
 static_assert(kStep2Tile.stages == 7 && kStep3Tile.stages == 4, "the lesson's stage counts");
@@ -229,15 +229,6 @@ constexpr int cluster_grid(int tiles_m, int tiles_n, int cluster_m, int resident
   const std::int64_t cluster_tiles = cluster_tile_count(tiles_m, tiles_n, cluster_m);
   const std::int64_t clusters = cluster_tiles < resident_clusters ? cluster_tiles : resident_clusters;
   return static_cast<int>(clusters > 1 ? clusters : 1) * cluster_m;
-}
-
-/// True when `after` runs the small-problem tile (kStep6SmallTile) for C [@p m, @p n] on a GPU with
-/// @p sms SMs: when step 6's 128 × 256 tiles, in clusters of two, number at most one per pair of SMs,
-/// so no cluster would have a second tile to overlap its first one's fill and store with.
-__host__ __device__ constexpr bool after_uses_small_tile(std::int64_t m, std::int64_t n, int sms) {
-  const auto tiles_m = static_cast<int>((m + kStep6Tile.block_m - 1) / kStep6Tile.block_m);
-  const auto tiles_n = static_cast<int>((n + kStep6Tile.block_n - 1) / kStep6Tile.block_n);
-  return cluster_tile_count(tiles_m, tiles_n, kStep6Tile.cluster_m) <= sms / kStep6Tile.cluster_m;
 }
 
 /// True when W slice @p rank of the tile starting at column @p n0 of C has a row inside W (N = @p n):

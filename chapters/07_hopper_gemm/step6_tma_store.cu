@@ -26,21 +26,22 @@
 //     stage was worth more (docs/notes/ch07.md).
 //   - The fallback. TMA needs C's rows to be a multiple of 16 bytes (N a multiple of 8) and C
 //     16-byte aligned; otherwise (out.tma_store false) the step stores from registers as step 5 does.
-//   - Small problems. When the 128 × 256 tiles give each cluster at most one (2048³: 64 cluster
-//     tiles for 66 clusters), a CTA fills its pipeline, multiplies, and stores its 64 KiB of C with
-//     nothing to overlap either with. `after` then runs a 128 × 128 tile (kStep6SmallTile, 6 stages,
-//     the whole tile staged at once): twice the tiles, so most clusters take two and the second one's
-//     loads and math hide the first one's store (after_uses_small_tile decides; the tuning row
-//     HopperTuning::step6_small_tile runs it on every shape).
+//   - `after`: the same kernel launched as a programmatic dependent of the previous kernel in the
+//     stream (Step6DependentLaunchCluster). Each block starts on a free SM while the previous
+//     kernel's last tiles still run, initialises its barriers, joins its cluster, and only then
+//     waits (griddepcontrol.wait, which returns once that kernel has finished and its writes are
+//     visible); right after, it lets the next kernel do the same (griddepcontrol.launch_dependents).
+//     On a one-round problem (2048³: 64 cluster tiles for 66 clusters) that start-up is a visible
+//     share of the time; on larger ones it is not (docs/notes/ch07.md). With an ordinary kernel
+//     before it, the wait returns at once and nothing differs from step 6.
 // The kernel is step 5's (cluster_gemm_kernel.cuh) with a tile that stages C (kTile.c_staging).
 #include "cluster_gemm_kernel.cuh"
 
 namespace kc::ch07::detail {
 
-// Each variant is its own instantiation of the cluster kernel. Beside step 6's own tile: the tuning rows'
-// alternatives (three stages with the whole tile staged; the two candidates for 2048³ in
-// docs/notes/ch07.md, "Next": prefetched tensor maps, a programmatic dependent launch) and `after`'s
-// small-problem tile (128 × 128, 6 stages).
+// Each variant is its own instantiation of the cluster kernel. Beside step 6's own tile: `after` (the
+// same tile as a programmatic dependent launch) and the tuning rows' alternatives (three stages with
+// the whole tile staged; a 128 × 128 tile with 6 stages; prefetched tensor maps).
 void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                   const Output& out, int /*tiles*/, cudaStream_t stream) {
   switch (kernel) {
