@@ -20,6 +20,7 @@ namespace kc::ch07::detail {
 struct ClusterKernelOptions {
   static constexpr bool prefetch_maps = false;     ///< prefetch.tensormap before the first load
   static constexpr bool dependent_launch = false;  ///< programmatic stream serialization, griddepcontrol
+  static constexpr bool skip_epilogue = false;     ///< a measurement only: C is never written
 };
 /// Step 5's tile as a kernel template argument.
 struct Step5Cluster : ClusterKernelOptions {
@@ -46,6 +47,12 @@ struct Step6PrefetchMapsCluster : ClusterKernelOptions {
 struct Step6DependentLaunchCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
   static constexpr bool dependent_launch = true;  ///< programmatic stream serialization, griddepcontrol
+};
+/// `after` with its epilogue left out (HopperTuning::step6_mainloop_only): loads, wgmma and the
+/// pipeline as in `after`, then on to the next tile without storing. Not a GEMM: it measures how much
+/// of `after`'s time the epilogues cost, the most that hiding them could win.
+struct Step6MainloopOnlyCluster : Step6DependentLaunchCluster {
+  static constexpr bool skip_epilogue = true;  ///< C is never written
 };
 
 /// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
@@ -196,7 +203,7 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       }
       ptx::wgmma_wait_group<0>();
       release(previous_stage);
-      if (!t.has_rows) continue;
+      if (!t.has_rows || Tile::skip_epilogue) continue;
       ptx::fence_accumulators(acc);
       const int row0 = t.at.m0 + 64 * consumer;
       if (kTmaStore && out.tma_store) {

@@ -144,13 +144,17 @@ enum class HopperTuning {
   step6_three_stages,   ///< step 6 with 3 stages and the whole C tile staged at once (1 store round)
   step6_small_tile,     ///< step 6 on a 128 × 128 tile (6 stages, the whole tile staged)
   step6_prefetch_maps,  ///< step 6 with prefetch.tensormap of its maps at kernel start
+  /// A measurement, not a GEMM: `after` without its epilogue. C is never written; the time is what
+  /// the loads and the math alone take, the floor for any way of hiding the epilogue.
+  step6_mainloop_only,
 };
 
 /// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile",
-/// "tune_step6_prefetch_maps".
+/// "tune_step6_prefetch_maps", "tune_step6_mainloop_only".
 const char* to_string(HopperTuning tuning);
 
-/// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step).
+/// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step); step6_mainloop_only
+/// checks the same rules and runs the same loads and math, but writes nothing to @p c.
 /// @param tuning the alternative
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned

@@ -159,7 +159,8 @@ TileConfig tile_of(HopperStep step, detail::Step6Kernel kernel) {
     case detail::Step6Kernel::small_tile: return kStep6SmallTile;
     case detail::Step6Kernel::own:
     case detail::Step6Kernel::prefetch_maps:
-    case detail::Step6Kernel::dependent_launch: break;
+    case detail::Step6Kernel::dependent_launch:
+    case detail::Step6Kernel::mainloop_only: break;
   }
   return kStep6Tile;
 }
@@ -232,6 +233,7 @@ const char* to_string(HopperTuning tuning) {
     case HopperTuning::step6_three_stages: return "tune_step6_three_stages";
     case HopperTuning::step6_small_tile: return "tune_step6_small_tile";
     case HopperTuning::step6_prefetch_maps: return "tune_step6_prefetch_maps";
+    case HopperTuning::step6_mainloop_only: return "tune_step6_mainloop_only";
   }
   return "unknown";
 }
@@ -245,6 +247,7 @@ void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const 
     case HopperTuning::step6_three_stages: return run(detail::Step6Kernel::three_stages);
     case HopperTuning::step6_small_tile: return run(detail::Step6Kernel::small_tile);
     case HopperTuning::step6_prefetch_maps: return run(detail::Step6Kernel::prefetch_maps);
+    case HopperTuning::step6_mainloop_only: return run(detail::Step6Kernel::mainloop_only);
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }

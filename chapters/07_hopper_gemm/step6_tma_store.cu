@@ -40,8 +40,9 @@
 namespace kc::ch07::detail {
 
 // Each variant is its own instantiation of the cluster kernel. Beside step 6's own tile: `after` (the
-// same tile as a programmatic dependent launch) and the tuning rows' alternatives (three stages with
-// the whole tile staged; a 128 × 128 tile with 6 stages; prefetched tensor maps).
+// same tile as a programmatic dependent launch), the tuning rows' alternatives (three stages with
+// the whole tile staged; a 128 × 128 tile with 6 stages; prefetched tensor maps) and a measurement
+// (`after` without its epilogue, which writes no C).
 void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                   const Output& out, int /*tiles*/, cudaStream_t stream) {
   switch (kernel) {
@@ -55,6 +56,9 @@ void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMa
       return;
     case Step6Kernel::dependent_launch:
       launch_cluster_gemm<Step6DependentLaunchCluster>(a_map, w_map, c_map, out, stream);
+      return;
+    case Step6Kernel::mainloop_only:
+      launch_cluster_gemm<Step6MainloopOnlyCluster>(a_map, w_map, c_map, out, stream);
       return;
   }
 }
