@@ -21,6 +21,7 @@ struct ClusterKernelOptions {
   static constexpr bool prefetch_maps = false;     ///< prefetch.tensormap before the first load
   static constexpr bool dependent_launch = false;  ///< programmatic stream serialization, griddepcontrol
   static constexpr bool skip_epilogue = false;     ///< a measurement only: C is never written
+  static constexpr bool box_ring_store = false;    ///< stage and store C one 64-column box at a time
 };
 /// Step 5's tile as a kernel template argument.
 struct Step5Cluster : ClusterKernelOptions {
@@ -53,6 +54,12 @@ struct Step6DependentLaunchCluster : ClusterKernelOptions {
 /// of `after`'s time the epilogues cost, the most that hiding them could win.
 struct Step6MainloopOnlyCluster : Step6DependentLaunchCluster {
   static constexpr bool skip_epilogue = true;  ///< C is never written
+};
+/// `after` with the epilogue staged one 64 × 64 box at a time through two box buffers
+/// (HopperTuning::step6_box_ring): the wait for a buffer's previous store overlaps the staging of
+/// the next box, where step 6 waits for a whole half tile's store before staging the other half.
+struct Step6BoxRingCluster : Step6DependentLaunchCluster {
+  static constexpr bool box_ring_store = true;  ///< one box at a time, two box buffers per consumer
 };
 
 /// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
@@ -217,7 +224,32 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       }
       ptx::fence_accumulators(acc);
       const int row0 = t.at.m0 + 64 * consumer;
-      if (kTmaStore && out.tma_store) {
+      if constexpr (kTmaStore && Tile::box_ring_store) {
+        if (out.tma_store) {
+          // Box b goes through buffer b % 2 of this consumer's two. Its leader, once every thread
+          // has staged box b, first waits until box b - 1 (the only store still pending) has been
+          // read, then stores box b: so when the threads pass the barrier and stage box b + 1 into
+          // box b - 1's buffer, that buffer is free. Each wait overlaps the next box's staging.
+          constexpr int kBoxes = kTile.block_n / kStoreBoxCols;
+          static_assert(kTile.c_staging_bytes() / kTile.consumer_warpgroups == 2 * kStoreBoxBytes,
+                        "two box buffers per consumer");
+#pragma unroll
+          for (int box = 0; box < kBoxes; ++box) {
+            unsigned char* buffer = my_staging + (box % 2) * kStoreBoxBytes;
+            ptx::stage_accumulators<kStoreBoxCols / 16>(acc, buffer, box * (kStoreBoxCols / 16));
+            ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
+            if (store_leader) ptx::bulk_wait_group_read<0>();
+            ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
+            if (store_leader) {
+              const int col = t.at.n0 + box * kStoreBoxCols;
+              if (row0 < out.m && col < out.n) ptx::tma_store_2d(&c_map, buffer, col, row0);
+              ptx::bulk_commit_group();
+            }
+          }
+        } else {
+          ptx::store_accumulators(acc, out, row0, t.at.n0);
+        }
+      } else if (kTmaStore && out.tma_store) {
         // Step 6. The staging buffer is free once the previous stores have read it (in practice long
         // ago for the first part: a whole tile of math has passed); the barrier tells the other 127
         // threads. With kStoreParts = 2 the second half waits for the first half's read.

@@ -160,7 +160,8 @@ TileConfig tile_of(HopperStep step, detail::Step6Kernel kernel) {
     case detail::Step6Kernel::own:
     case detail::Step6Kernel::prefetch_maps:
     case detail::Step6Kernel::dependent_launch:
-    case detail::Step6Kernel::mainloop_only: break;
+    case detail::Step6Kernel::mainloop_only:
+    case detail::Step6Kernel::box_ring: break;
   }
   return kStep6Tile;
 }
@@ -234,6 +235,7 @@ const char* to_string(HopperTuning tuning) {
     case HopperTuning::step6_small_tile: return "tune_step6_small_tile";
     case HopperTuning::step6_prefetch_maps: return "tune_step6_prefetch_maps";
     case HopperTuning::step6_mainloop_only: return "tune_step6_mainloop_only";
+    case HopperTuning::step6_box_ring: return "tune_step6_box_ring";
   }
   return "unknown";
 }
@@ -248,6 +250,7 @@ void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const 
     case HopperTuning::step6_small_tile: return run(detail::Step6Kernel::small_tile);
     case HopperTuning::step6_prefetch_maps: return run(detail::Step6Kernel::prefetch_maps);
     case HopperTuning::step6_mainloop_only: return run(detail::Step6Kernel::mainloop_only);
+    case HopperTuning::step6_box_ring: return run(detail::Step6Kernel::box_ring);
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }

@@ -52,6 +52,7 @@ enum class Step6Kernel {
   prefetch_maps,     ///< step 6 with its tensor maps prefetched at kernel start
   dependent_launch,  ///< step 6 launched as a programmatic dependent of the previous kernel (`after`)
   mainloop_only,     ///< `after` without its epilogue: a measurement, C is not written
+  box_ring,          ///< `after` staging C one box at a time through two box buffers
 };
 
 /// Step 6's launcher (step6_tma_store.cu): like launch_step5, with the TMA-store epilogue, which
