@@ -10,7 +10,7 @@
 // Chapter 3's plan). pytorch (torch.nn.functional.linear) comes from tools/pytorch_baselines.py.
 // KC_TUNE=1 registers the tuning rows instead (for docs/notes, not the results tables): step 6
 // against its alternatives (HopperTuning: three stages; a 128 × 128 tile; prefetched tensor maps;
-// C staged one box at a time; C stored during the next tile's first slices),
+// C staged one box at a time),
 // `after`, `after` without its epilogue (a measurement: it writes no C) and cuBLAS, on every case.
 //
 // Counters: bytes_per_second from the fewest bytes (A, W, C once each) and flops = 2·M·N·K, the same
@@ -126,7 +126,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       add("ch07/tune_step6/" + label, shape, step(HopperStep::tma_store));
       for (const HopperTuning tuning :
            {HopperTuning::step6_three_stages, HopperTuning::step6_small_tile, HopperTuning::step6_prefetch_maps,
-            HopperTuning::step6_mainloop_only, HopperTuning::step6_box_ring, HopperTuning::step6_deferred_store}) {
+            HopperTuning::step6_mainloop_only, HopperTuning::step6_box_ring}) {
         add(std::string("ch07/") + kc::ch07::to_string(tuning) + "/" + label, shape,
             [tuning](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
               kc::ch07::gemm_bf16_hopper_tuning(tuning, a, w, c, s, q);

@@ -48,8 +48,7 @@ using kc::test::bf16_gemm::shape_name;
 constexpr double kTolerance = 1e-2;  // see the top of the file
 constexpr kc::ch07::HopperTuning kTunings[] = {
     kc::ch07::HopperTuning::step6_three_stages, kc::ch07::HopperTuning::step6_small_tile,
-    kc::ch07::HopperTuning::step6_prefetch_maps, kc::ch07::HopperTuning::step6_box_ring,
-    kc::ch07::HopperTuning::step6_deferred_store};
+    kc::ch07::HopperTuning::step6_prefetch_maps, kc::ch07::HopperTuning::step6_box_ring};
 constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma,  HopperStep::pipeline,          HopperStep::warp_specialized,
                                  HopperStep::persistent, HopperStep::cluster_multicast, HopperStep::tma_store};
 
@@ -247,7 +246,6 @@ TEST(HopperSteps, Names) {
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_prefetch_maps), "tune_step6_prefetch_maps");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_mainloop_only), "tune_step6_mainloop_only");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_box_ring), "tune_step6_box_ring");
-  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_deferred_store), "tune_step6_deferred_store");
   const auto three = kc::ch07::kStep6ThreeStageTile;
   EXPECT_EQ(three.stages, 3);
   EXPECT_EQ(three.c_staging_bytes(), 128 * 256 * 2) << "the whole tile at once";

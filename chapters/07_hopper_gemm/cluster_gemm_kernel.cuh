@@ -18,11 +18,10 @@ namespace kc::ch07::detail {
 // options, off unless `after` or a tuning row turns them on.
 /// The options every tile type starts from: no tensor-map prefetch, an ordinary launch.
 struct ClusterKernelOptions {
-  static constexpr bool prefetch_maps = false;      ///< prefetch.tensormap before the first load
-  static constexpr bool dependent_launch = false;   ///< programmatic stream serialization, griddepcontrol
-  static constexpr bool skip_epilogue = false;      ///< a measurement only: C is never written
-  static constexpr bool box_ring_store = false;     ///< stage and store C one 64-column box at a time
-  static constexpr bool deferred_epilogue = false;  ///< store each tile's C during the next tile's math
+  static constexpr bool prefetch_maps = false;     ///< prefetch.tensormap before the first load
+  static constexpr bool dependent_launch = false;  ///< programmatic stream serialization, griddepcontrol
+  static constexpr bool skip_epilogue = false;     ///< a measurement only: C is never written
+  static constexpr bool box_ring_store = false;    ///< stage and store C one 64-column box at a time
 };
 /// Step 5's tile as a kernel template argument.
 struct Step5Cluster : ClusterKernelOptions {
@@ -61,13 +60,6 @@ struct Step6MainloopOnlyCluster : Step6DependentLaunchCluster {
 /// the next box, where step 6 waits for a whole half tile's store before staging the other half.
 struct Step6BoxRingCluster : Step6DependentLaunchCluster {
   static constexpr bool box_ring_store = true;  ///< one box at a time, two box buffers per consumer
-};
-/// `after` with the epilogue deferred into the next tile (HopperTuning::step6_deferred_store): at a
-/// tile's end the consumers only round their accumulators to bf16 pairs (64 registers) and start the
-/// next tile; they stage and store the finished tile's halves right after issuing the next tile's
-/// first two slices of wgmma, so the stores' shared-memory work runs while the tensor cores compute.
-struct Step6DeferredStoreCluster : Step6DependentLaunchCluster {
-  static constexpr bool deferred_epilogue = true;  ///< store each tile's C during the next tile's math
 };
 
 /// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
@@ -192,42 +184,6 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       for (int cta = 0; cta < Tile::tile.cluster_m; ++cta) ptx::mbarrier_arrive_cluster(&empty[s], cta);
     };
     float acc[kTile.block_n / 2];  // no zeroing: each tile's first wgmma has scale-d = 0
-    // The deferred epilogue's state: the finished tile's C as bf16 pairs, where it goes, and how
-    // many of its kStoreParts staging rounds are still to do (0: nothing pending).
-    [[maybe_unused]] std::uint32_t finished[kTile.block_n / 4];
-    [[maybe_unused]] int parts_left = 0;
-    [[maybe_unused]] int finished_row0 = 0;
-    [[maybe_unused]] int finished_n0 = 0;
-    // One staging round of the finished tile (part P of kStoreParts): the same steps as step 6's
-    // epilogue below, from the packed words. P is a constant so that the words stay in registers.
-    [[maybe_unused]] auto store_finished_part = [&](auto part_constant) {
-      constexpr int kPart = decltype(part_constant)::value;
-      if (store_leader) ptx::bulk_wait_group_read<0>();
-      ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
-      ptx::stage_packed<kPartCols / 16>(finished, my_staging, kPart * (kPartCols / 16));
-      ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
-      ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
-      if (store_leader) {
-        if (finished_row0 < out.m) {
-          for (int box = 0; box < kPartCols / kStoreBoxCols; ++box) {
-            const int col = finished_n0 + kPart * kPartCols + box * kStoreBoxCols;
-            if (col < out.n) ptx::tma_store_2d(&c_map, my_staging + box * kStoreBoxBytes, col, finished_row0);
-          }
-        }
-        ptx::bulk_commit_group();
-      }
-    };
-    [[maybe_unused]] auto store_next_finished_part = [&]() {
-      if constexpr (Tile::deferred_epilogue) {
-        static_assert(kTmaStore && kStoreParts == 2, "the deferred epilogue stores a tile in two rounds");
-        if (parts_left == 2) {
-          store_finished_part(std::integral_constant<int, 0>{});
-        } else {
-          store_finished_part(std::integral_constant<int, 1>{});
-        }
-        --parts_left;
-      }
-    };
     PipelineState c;
     int previous_stage = 0;
     for (std::int64_t ct = cluster; ct < cluster_tiles; ct += clusters) {
@@ -247,10 +203,6 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
             }
           }
           ptx::wgmma_commit_group();
-        }
-        if constexpr (Tile::deferred_epilogue) {
-          // The slice's wgmma is in flight: meanwhile, one round of the previous tile's store.
-          if (parts_left > 0) store_next_finished_part();
         }
         ptx::wgmma_wait_group<1>();
         if (kt > 0) release(previous_stage);
@@ -272,17 +224,6 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       }
       ptx::fence_accumulators(acc);
       const int row0 = t.at.m0 + 64 * consumer;
-      if constexpr (kTmaStore && Tile::deferred_epilogue) {
-        if (out.tma_store) {
-          // With fewer than two slices a tile, the previous tile may still have a round to store.
-          while (parts_left > 0) store_next_finished_part();
-          ptx::pack_accumulators(acc, finished);
-          finished_row0 = row0;
-          finished_n0 = t.at.n0;
-          parts_left = kStoreParts;
-          continue;
-        }
-      }
       if constexpr (kTmaStore && Tile::box_ring_store) {
         if (out.tma_store) {
           // Box b goes through buffer b % 2 of this consumer's two. Its leader, once every thread
@@ -333,9 +274,6 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       } else {
         ptx::store_accumulators(acc, out, row0, t.at.n0);
       }
-    }
-    if constexpr (Tile::deferred_epilogue) {
-      while (parts_left > 0) store_next_finished_part();  // the last tile's C
     }
     // Step 6: the staged tiles must have left shared memory (and reached C) before the CTA exits.
     if (kTmaStore && store_leader) ptx::bulk_wait_group<0>();

@@ -147,13 +147,11 @@ enum class HopperTuning {
   /// A measurement, not a GEMM: `after` without its epilogue. C is never written; the time is what
   /// the loads and the math alone take, the floor for any way of hiding the epilogue.
   step6_mainloop_only,
-  step6_box_ring,        ///< `after` staging C one 64 × 64 box at a time through two box buffers
-  step6_deferred_store,  ///< `after` storing each tile's C during the next tile's first two slices
+  step6_box_ring,  ///< `after` staging C one 64 × 64 box at a time through two box buffers
 };
 
 /// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile",
-/// "tune_step6_prefetch_maps", "tune_step6_mainloop_only", "tune_step6_box_ring",
-/// "tune_step6_deferred_store".
+/// "tune_step6_prefetch_maps", "tune_step6_mainloop_only", "tune_step6_box_ring".
 const char* to_string(HopperTuning tuning);
 
 /// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step); step6_mainloop_only

@@ -161,8 +161,7 @@ TileConfig tile_of(HopperStep step, detail::Step6Kernel kernel) {
     case detail::Step6Kernel::prefetch_maps:
     case detail::Step6Kernel::dependent_launch:
     case detail::Step6Kernel::mainloop_only:
-    case detail::Step6Kernel::box_ring:
-    case detail::Step6Kernel::deferred_store: break;
+    case detail::Step6Kernel::box_ring: break;
   }
   return kStep6Tile;
 }
@@ -237,7 +236,6 @@ const char* to_string(HopperTuning tuning) {
     case HopperTuning::step6_prefetch_maps: return "tune_step6_prefetch_maps";
     case HopperTuning::step6_mainloop_only: return "tune_step6_mainloop_only";
     case HopperTuning::step6_box_ring: return "tune_step6_box_ring";
-    case HopperTuning::step6_deferred_store: return "tune_step6_deferred_store";
   }
   return "unknown";
 }
@@ -253,7 +251,6 @@ void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const 
     case HopperTuning::step6_prefetch_maps: return run(detail::Step6Kernel::prefetch_maps);
     case HopperTuning::step6_mainloop_only: return run(detail::Step6Kernel::mainloop_only);
     case HopperTuning::step6_box_ring: return run(detail::Step6Kernel::box_ring);
-    case HopperTuning::step6_deferred_store: return run(detail::Step6Kernel::deferred_store);
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }

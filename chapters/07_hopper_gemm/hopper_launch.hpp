@@ -53,7 +53,6 @@ enum class Step6Kernel {
   dependent_launch,  ///< step 6 launched as a programmatic dependent of the previous kernel (`after`)
   mainloop_only,     ///< `after` without its epilogue: a measurement, C is not written
   box_ring,          ///< `after` staging C one box at a time through two box buffers
-  deferred_store,    ///< `after` storing each tile's C during the next tile's first slices
 };
 
 /// Step 6's launcher (step6_tma_store.cu): like launch_step5, with the TMA-store epilogue, which

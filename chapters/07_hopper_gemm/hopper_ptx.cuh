@@ -355,51 +355,24 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float low, float high) {
   return *reinterpret_cast<const std::uint32_t*>(&pair);
 }
 
-/// One stmatrix .x4 of a warpgroup's staging: step @p step's four words (8 bf16 of C per thread,
-/// 16 columns of the warpgroup's 64 rows) into the staging buffer at shared address @p base, in the
-/// swizzled box layout of c_staging_offset. Each matrix's 8 rows of 16 bytes land in 8 different
-/// 16-byte chunks of the 128-byte swizzle, so no two lanes of a phase share a bank.
-__device__ __forceinline__ void stage_step(std::uint32_t base, int step, std::uint32_t w0, std::uint32_t w1,
-                                           std::uint32_t w2, std::uint32_t w3) {
-  const int thread = static_cast<int>(threadIdx.x % kWarpgroupThreads);
-  const FragmentPosition row = stmatrix_row(thread / 32, thread % 32, step);
-  stmatrix_x4(base + static_cast<std::uint32_t>(c_staging_offset(row.row, row.col)), w0, w1, w2, w3);
-}
-
 /// Writes @p Steps · 16 columns of one warpgroup's 64 × N fp32 accumulators, from column
-/// 16 · @p first_step on, rounded to bf16, into its staging buffer at @p staging (1024-byte aligned;
-/// column 16 · first_step lands at column 0): one stage_step per 16 columns.
+/// 16 · @p first_step on, rounded to bf16, into its staging buffer at @p staging (1024-byte aligned)
+/// in the swizzled box layout of c_staging_offset (column 16 · first_step lands at column 0): one
+/// stmatrix .x4 per 16 columns per thread, each storing 8 rows of 16 bytes per matrix into 8
+/// different 16-byte chunks of the 128-byte swizzle, so no two lanes of a phase share a bank.
 /// @p first_step must be known after unrolling (the accumulators must stay in registers).
 template <int Steps, int Count>
 __device__ __forceinline__ void stage_accumulators(const float (&acc)[Count], unsigned char* staging, int first_step) {
   static_assert(Steps * 8 <= Count, "no more columns than the accumulators hold");
+  const int thread = static_cast<int>(threadIdx.x % kWarpgroupThreads);
+  const int warp = thread / 32, lane = thread % 32;
   const std::uint32_t base = smem_address(staging);
 #pragma unroll
   for (int step = 0; step < Steps; ++step) {
+    const FragmentPosition row = stmatrix_row(warp, lane, step);
     const float* a = acc + 8 * (first_step + step);
-    stage_step(base, step, pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]), pack_bf16x2(a[4], a[5]),
-               pack_bf16x2(a[6], a[7]));
-  }
-}
-
-/// Rounds a warpgroup's fp32 accumulators to bf16 pairs, @p words[i] holding acc[2i] and acc[2i + 1]:
-/// the layout stage_packed reads.
-template <int Count>
-__device__ __forceinline__ void pack_accumulators(const float (&acc)[Count], std::uint32_t (&words)[Count / 2]) {
-#pragma unroll
-  for (int i = 0; i < Count / 2; ++i) words[i] = pack_bf16x2(acc[2 * i], acc[2 * i + 1]);
-}
-
-/// stage_accumulators for accumulators already rounded by pack_accumulators.
-template <int Steps, int Count>
-__device__ __forceinline__ void stage_packed(const std::uint32_t (&words)[Count], unsigned char* staging,
-                                             int first_step) {
-  static_assert(Steps * 4 <= Count, "no more columns than the words hold");
-  const std::uint32_t base = smem_address(staging);
-#pragma unroll
-  for (int step = 0; step < Steps; ++step) {
-    const std::uint32_t* w = words + 4 * (first_step + step);
-    stage_step(base, step, w[0], w[1], w[2], w[3]);
+    stmatrix_x4(base + static_cast<std::uint32_t>(c_staging_offset(row.row, row.col)), pack_bf16x2(a[0], a[1]),
+                pack_bf16x2(a[2], a[3]), pack_bf16x2(a[4], a[5]), pack_bf16x2(a[6], a[7]));
   }
 }
 

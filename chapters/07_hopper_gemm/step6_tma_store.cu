@@ -61,9 +61,6 @@ void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMa
       launch_cluster_gemm<Step6MainloopOnlyCluster>(a_map, w_map, c_map, out, stream);
       return;
     case Step6Kernel::box_ring: launch_cluster_gemm<Step6BoxRingCluster>(a_map, w_map, c_map, out, stream); return;
-    case Step6Kernel::deferred_store:
-      launch_cluster_gemm<Step6DeferredStoreCluster>(a_map, w_map, c_map, out, stream);
-      return;
   }
 }
 
