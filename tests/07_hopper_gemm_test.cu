@@ -245,6 +245,8 @@ TEST(HopperSteps, Names) {
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_small_tile), "tune_step6_small_tile");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_prefetch_maps), "tune_step6_prefetch_maps");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_mainloop_only), "tune_step6_mainloop_only");
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_loads_only), "tune_step6_loads_only");
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_small_loads_only), "tune_step6_small_loads_only");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_box_ring), "tune_step6_box_ring");
   const auto three = kc::ch07::kStep6ThreeStageTile;
   EXPECT_EQ(three.stages, 3);
@@ -929,20 +931,22 @@ TEST_F(HopperGpuTest, AfterWaitsForThePreviousKernel) {
   }
 }
 
-// The main-loop-only measurement runs the whole kernel but writes nothing: C stays poisoned, also
+// The measurements run the kernel's loads (and math) but write nothing: C stays poisoned, also
 // through the TMA-store path (N a multiple of 8) and on several tiles per cluster.
-TEST_F(HopperGpuTest, MainloopOnlyMeasurementWritesNothing) {
-  for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{2100, 4104, 72}, GemmShape{127, 131, 64}}) {
-    SCOPED_TRACE(shape_name(s));
-    const Inputs in = random_inputs(s, kc::test::test_seed());
-    kc::DeviceBuffer<bf16> a(in.a), w(in.w);
-    kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
-    kc::ch07::gemm_bf16_hopper_tuning(kc::ch07::HopperTuning::step6_mainloop_only, a.data(), w.data(), c.data(), s);
-    kc::check(cudaDeviceSynchronize());
-    const std::vector<bf16> got = c.to_host();
-    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << "wrote into c";
-    EXPECT_EQ(c.guard_damage(), 0u);
-  }
+TEST_F(HopperGpuTest, MeasurementsWriteNothing) {
+  for (const auto measurement : {kc::ch07::HopperTuning::step6_mainloop_only, kc::ch07::HopperTuning::step6_loads_only,
+                                 kc::ch07::HopperTuning::step6_small_loads_only})
+    for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{2100, 4104, 72}, GemmShape{127, 131, 64}}) {
+      SCOPED_TRACE(std::string(kc::ch07::to_string(measurement)) + ", " + shape_name(s));
+      const Inputs in = random_inputs(s, kc::test::test_seed());
+      kc::DeviceBuffer<bf16> a(in.a), w(in.w);
+      kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
+      kc::ch07::gemm_bf16_hopper_tuning(measurement, a.data(), w.data(), c.data(), s);
+      kc::check(cudaDeviceSynchronize());
+      const std::vector<bf16> got = c.to_host();
+      EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << "wrote into c";
+      EXPECT_EQ(c.guard_damage(), 0u);
+    }
 }
 
 // On a GPU that is not sm_90 the launch says what it needs (and launches nothing).

@@ -21,6 +21,7 @@ struct ClusterKernelOptions {
   static constexpr bool prefetch_maps = false;     ///< prefetch.tensormap before the first load
   static constexpr bool dependent_launch = false;  ///< programmatic stream serialization, griddepcontrol
   static constexpr bool skip_epilogue = false;     ///< a measurement only: C is never written
+  static constexpr bool skip_math = false;         ///< a measurement only: no wgmma, no C
   static constexpr bool box_ring_store = false;    ///< stage and store C one 64-column box at a time
 };
 /// Step 5's tile as a kernel template argument.
@@ -54,6 +55,17 @@ struct Step6DependentLaunchCluster : ClusterKernelOptions {
 /// of `after`'s time the epilogues cost, the most that hiding them could win.
 struct Step6MainloopOnlyCluster : Step6DependentLaunchCluster {
   static constexpr bool skip_epilogue = true;  ///< C is never written
+};
+/// `after`'s loads alone (HopperTuning::step6_loads_only): the producer and the pipeline as in
+/// `after`, the consumers wait for each stage and release it without any wgmma or epilogue. Not a
+/// GEMM: the time it takes is what feeding this tile costs, to set beside the main loop's.
+struct Step6LoadsOnlyCluster : Step6MainloopOnlyCluster {
+  static constexpr bool skip_math = true;  ///< no wgmma, no C
+};
+/// The same for the 128 × 128 tile (HopperTuning::step6_small_loads_only): 1.5 × the bytes from L2
+/// per FLOP of the 128 × 256 tile, the traffic a ping-pong schedule of 128 × 128 tiles would need.
+struct Step6SmallLoadsOnlyCluster : Step6LoadsOnlyCluster {
+  static constexpr TileConfig tile = kStep6SmallTile;  ///< 128 × 128, 6 stages
 };
 /// `after` with the epilogue staged one 64 × 64 box at a time through two box buffers
 /// (HopperTuning::step6_box_ring): the wait for a buffer's previous store overlaps the staging of
@@ -190,7 +202,7 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       const MemberTile t = tile_of(ct);
       for (int kt = 0; kt < k_tiles; ++kt, c.advance(kTile.stages)) {
         ptx::mbarrier_wait(&full[c.stage], c.phase);
-        if (t.has_rows) {
+        if (t.has_rows && !Tile::skip_math) {
           const std::uint64_t a_desc = ptx::descriptor_of(stage(c.stage) + consumer * 64 * 128);
           const std::uint64_t w_desc = ptx::descriptor_of(stage(c.stage) + kTile.a_box_bytes());
           ptx::wgmma_fence();
@@ -211,6 +223,7 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       ptx::wgmma_wait_group<0>();
       release(previous_stage);
       if (!t.has_rows) continue;
+      if constexpr (Tile::skip_math) continue;  // no accumulators to keep alive
       if constexpr (Tile::skip_epilogue) {
         // ptxas replaces a wgmma whose accumulators are never read by a dummy one (HGMMA.64x8x16,
         // zero registers), which would measure the loads alone. So every accumulator is read into

@@ -147,15 +147,21 @@ enum class HopperTuning {
   /// A measurement, not a GEMM: `after` without its epilogue. C is never written; the time is what
   /// the loads and the math alone take, the floor for any way of hiding the epilogue.
   step6_mainloop_only,
-  step6_box_ring,  ///< `after` staging C one 64 × 64 box at a time through two box buffers
+  /// Measurements, not GEMMs: `after`'s loads and pipeline alone, no wgmma, C never written; on
+  /// step 6's 128 × 256 tile and on the 128 × 128 tile.
+  step6_loads_only,
+  step6_small_loads_only,  ///< see step6_loads_only
+  step6_box_ring,          ///< `after` staging C one 64 × 64 box at a time through two box buffers
 };
 
 /// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile",
-/// "tune_step6_prefetch_maps", "tune_step6_mainloop_only", "tune_step6_box_ring".
+/// "tune_step6_prefetch_maps", "tune_step6_mainloop_only", "tune_step6_loads_only",
+/// "tune_step6_small_loads_only", "tune_step6_box_ring".
 const char* to_string(HopperTuning tuning);
 
-/// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step); step6_mainloop_only
-/// checks the same rules and runs the same loads and math, but writes nothing to @p c.
+/// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step); the measurements
+/// (step6_mainloop_only, step6_loads_only, step6_small_loads_only) check the same rules and run the
+/// same loads (and math), but write nothing to @p c.
 /// @param tuning the alternative
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned

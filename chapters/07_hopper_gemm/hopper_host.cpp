@@ -156,11 +156,13 @@ TileConfig tile_of(HopperStep step, detail::Step6Kernel kernel) {
   if (step != HopperStep::tma_store) return tile_config(step);
   switch (kernel) {
     case detail::Step6Kernel::three_stages: return kStep6ThreeStageTile;
-    case detail::Step6Kernel::small_tile: return kStep6SmallTile;
+    case detail::Step6Kernel::small_tile:
+    case detail::Step6Kernel::small_loads_only: return kStep6SmallTile;
     case detail::Step6Kernel::own:
     case detail::Step6Kernel::prefetch_maps:
     case detail::Step6Kernel::dependent_launch:
     case detail::Step6Kernel::mainloop_only:
+    case detail::Step6Kernel::loads_only:
     case detail::Step6Kernel::box_ring: break;
   }
   return kStep6Tile;
@@ -235,6 +237,8 @@ const char* to_string(HopperTuning tuning) {
     case HopperTuning::step6_small_tile: return "tune_step6_small_tile";
     case HopperTuning::step6_prefetch_maps: return "tune_step6_prefetch_maps";
     case HopperTuning::step6_mainloop_only: return "tune_step6_mainloop_only";
+    case HopperTuning::step6_loads_only: return "tune_step6_loads_only";
+    case HopperTuning::step6_small_loads_only: return "tune_step6_small_loads_only";
     case HopperTuning::step6_box_ring: return "tune_step6_box_ring";
   }
   return "unknown";
@@ -250,6 +254,8 @@ void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const 
     case HopperTuning::step6_small_tile: return run(detail::Step6Kernel::small_tile);
     case HopperTuning::step6_prefetch_maps: return run(detail::Step6Kernel::prefetch_maps);
     case HopperTuning::step6_mainloop_only: return run(detail::Step6Kernel::mainloop_only);
+    case HopperTuning::step6_loads_only: return run(detail::Step6Kernel::loads_only);
+    case HopperTuning::step6_small_loads_only: return run(detail::Step6Kernel::small_loads_only);
     case HopperTuning::step6_box_ring: return run(detail::Step6Kernel::box_ring);
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");

@@ -52,6 +52,8 @@ enum class Step6Kernel {
   prefetch_maps,     ///< step 6 with its tensor maps prefetched at kernel start
   dependent_launch,  ///< step 6 launched as a programmatic dependent of the previous kernel (`after`)
   mainloop_only,     ///< `after` without its epilogue: a measurement, C is not written
+  loads_only,        ///< `after`'s loads alone: a measurement, no wgmma, C is not written
+  small_loads_only,  ///< the same on the 128 × 128 tile
   box_ring,          ///< `after` staging C one box at a time through two box buffers
 };
 

@@ -60,6 +60,10 @@ void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMa
     case Step6Kernel::mainloop_only:
       launch_cluster_gemm<Step6MainloopOnlyCluster>(a_map, w_map, c_map, out, stream);
       return;
+    case Step6Kernel::loads_only: launch_cluster_gemm<Step6LoadsOnlyCluster>(a_map, w_map, c_map, out, stream); return;
+    case Step6Kernel::small_loads_only:
+      launch_cluster_gemm<Step6SmallLoadsOnlyCluster>(a_map, w_map, c_map, out, stream);
+      return;
     case Step6Kernel::box_ring: launch_cluster_gemm<Step6BoxRingCluster>(a_map, w_map, c_map, out, stream); return;
   }
 }
