@@ -13,14 +13,22 @@
 // arithmetic on this GPU's slots (SMs × blocks per SM of the persistent kernel): tiles, slots, waves,
 // last_wave_tiles, last_wave_utilisation, efficiency. The results table shows them beside the times.
 //
+// KC_TUNE=1 registers the contention probe instead (for docs/notes, not the results tables): one
+// expert, N = 1536, K = 7168 (tail_G4's work per 128 × 128 tile), with 1408 rows (132 tiles: one
+// full wave on 132 SMs) and with 640 rows (60 tiles: tail_G4's second wave alone), through
+// Chapter 5's kernel. The full wave's time over the part wave's says how much slower a tile runs
+// when every SM works than when 60 do (docs/notes/ch06.md, Session 9).
+//
 // Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 60 benchmarks
 // × 5 repetitions × ~0.3 s (MinTime 0.2 s of launches of 0.1-20 ms) ≈ 90 s, plus set-up (allocating
 // and filling up to 15 GB per benchmark, ~0.1 s) ≈ 30 s: about 120 s in all.
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "grouped_gemm.hpp"
@@ -107,7 +115,26 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   state.counters["efficiency"] = waves.efficiency;
 }
 
+void register_contention_probe() {
+  for (const std::int32_t rows : {1408, 640}) {
+    BenchCase cs;
+    cs.label = "G1xM" + std::to_string(rows) + "_N1536_K7168";
+    cs.shape = {rows, 1536, 7168, 1};
+    cs.sizes = {rows};
+    for (const auto& [name, variant] :
+         {std::pair{"before", Variant::before}, std::pair{"split_k", Variant::split_k_tail}}) {
+      const std::string label = "ch06/tune_wave_" + std::string(name) + "/" + cs.label;
+      kc::bench::configure(benchmark::RegisterBenchmark(
+          label.c_str(), [cs, variant = variant](benchmark::State& st) { bench_case(st, cs, variant); }));
+    }
+  }
+}
+
 void register_benchmarks(const kc::DeviceInfo& device) {
+  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
+    register_contention_probe();
+    return;
+  }
   const std::vector<BenchCase> all = kc::ch06::benchmark_cases();
   std::vector<std::string> labels;
   for (const BenchCase& cs : all) labels.push_back(cs.label);
