@@ -127,7 +127,8 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       for (const HopperTuning tuning :
            {HopperTuning::step6_three_stages, HopperTuning::step6_small_tile, HopperTuning::step6_prefetch_maps,
             HopperTuning::step6_mainloop_only, HopperTuning::step6_loads_only, HopperTuning::step6_small_loads_only,
-            HopperTuning::step6_box_ring}) {
+            HopperTuning::step6_box_ring, HopperTuning::step6_held_stage, HopperTuning::step6_held_stage_late,
+            HopperTuning::step6_stage_only}) {
         add(std::string("ch07/") + kc::ch07::to_string(tuning) + "/" + label, shape,
             [tuning](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
               kc::ch07::gemm_bf16_hopper_tuning(tuning, a, w, c, s, q);

@@ -48,7 +48,8 @@ using kc::test::bf16_gemm::shape_name;
 constexpr double kTolerance = 1e-2;  // see the top of the file
 constexpr kc::ch07::HopperTuning kTunings[] = {
     kc::ch07::HopperTuning::step6_three_stages, kc::ch07::HopperTuning::step6_small_tile,
-    kc::ch07::HopperTuning::step6_prefetch_maps, kc::ch07::HopperTuning::step6_box_ring};
+    kc::ch07::HopperTuning::step6_prefetch_maps, kc::ch07::HopperTuning::step6_box_ring,
+    kc::ch07::HopperTuning::step6_held_stage, kc::ch07::HopperTuning::step6_held_stage_late};
 constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma,  HopperStep::pipeline,          HopperStep::warp_specialized,
                                  HopperStep::persistent, HopperStep::cluster_multicast, HopperStep::tma_store};
 
@@ -248,6 +249,9 @@ TEST(HopperSteps, Names) {
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_loads_only), "tune_step6_loads_only");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_small_loads_only), "tune_step6_small_loads_only");
   EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_box_ring), "tune_step6_box_ring");
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_held_stage), "tune_step6_held_stage");
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_held_stage_late), "tune_step6_held_stage_late");
+  EXPECT_STREQ(kc::ch07::to_string(kc::ch07::HopperTuning::step6_stage_only), "tune_step6_stage_only");
   const auto three = kc::ch07::kStep6ThreeStageTile;
   EXPECT_EQ(three.stages, 3);
   EXPECT_EQ(three.c_staging_bytes(), 128 * 256 * 2) << "the whole tile at once";
@@ -785,16 +789,17 @@ TEST_P(HopperAfterGpu, MatchesReferenceAndCublas) {
 INSTANTIATE_TEST_SUITE_P(After, HopperAfterGpu, ::testing::ValuesIn(kShapes),
                          [](const ::testing::TestParamInfo<ShapeCase>& info) { return shape_name(info.param.shape); });
 
-// Step 6's measured alternatives (the tuning rows): the three-stage tile, the 128 × 128 tile and the
-// prefetched maps, on shapes that exercise the whole-tile store (N a
+// Step 6's measured alternatives (the tuning rows), on shapes that exercise the whole-tile store (N a
 // multiple of 8: TMA stores; the last n-tile partly outside C), the register fallback, and several
-// tiles per cluster (the staging buffer reused).
+// tiles per cluster (the staging buffer reused; the held stage released at the next tile's first
+// or second slice, or at its only one when K = 64).
 class HopperTuningGpu : public HopperGpuTest, public ::testing::WithParamInterface<kc::ch07::HopperTuning> {};
 
 TEST_P(HopperTuningGpu, MatchesReference) {
   const kc::ch07::HopperTuning tuning = GetParam();
   for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{300, 392, 1032}, GemmShape{2100, 4104, 72},
-                            GemmShape{2100, 4100, 72}, GemmShape{127, 131, 64}, GemmShape{1, 8, 16}}) {
+                            GemmShape{2100, 4100, 72}, GemmShape{127, 131, 64}, GemmShape{1, 8, 16},
+                            GemmShape{2100, 4104, 64}, GemmShape{1100, 4104, 1032}}) {
     check_launch(kc::ch07::to_string(tuning), tuning_launch(tuning), s, false);
   }
 }
@@ -935,7 +940,7 @@ TEST_F(HopperGpuTest, AfterWaitsForThePreviousKernel) {
 // through the TMA-store path (N a multiple of 8) and on several tiles per cluster.
 TEST_F(HopperGpuTest, MeasurementsWriteNothing) {
   for (const auto measurement : {kc::ch07::HopperTuning::step6_mainloop_only, kc::ch07::HopperTuning::step6_loads_only,
-                                 kc::ch07::HopperTuning::step6_small_loads_only})
+                                 kc::ch07::HopperTuning::step6_small_loads_only, kc::ch07::HopperTuning::step6_stage_only})
     for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{2100, 4104, 72}, GemmShape{127, 131, 64}}) {
       SCOPED_TRACE(std::string(kc::ch07::to_string(measurement)) + ", " + shape_name(s));
       const Inputs in = random_inputs(s, kc::test::test_seed());

@@ -23,6 +23,11 @@ struct ClusterKernelOptions {
   static constexpr bool skip_epilogue = false;     ///< a measurement only: C is never written
   static constexpr bool skip_math = false;         ///< a measurement only: no wgmma, no C
   static constexpr bool box_ring_store = false;    ///< stage and store C one 64-column box at a time
+  static constexpr bool skip_store = false;        ///< a measurement only: C staged, never stored
+  /// Stage the tile's second half in its last pipeline stage, held until TMA has read it, so the
+  /// whole tile is staged at once; the hold ends at slice held_release_slice of the next tile.
+  static constexpr bool held_stage_store = false;
+  static constexpr int held_release_slice = 0;  ///< with held_stage_store: when the held stage is released
 };
 /// Step 5's tile as a kernel template argument.
 struct Step5Cluster : ClusterKernelOptions {
@@ -73,6 +78,25 @@ struct Step6SmallLoadsOnlyCluster : Step6LoadsOnlyCluster {
 struct Step6BoxRingCluster : Step6DependentLaunchCluster {
   static constexpr bool box_ring_store = true;  ///< one box at a time, two box buffers per consumer
 };
+/// `after` with the whole tile staged at once (HopperTuning::step6_held_stage): the first half in the
+/// staging buffer, the second in the W tile of the tile's last pipeline stage, which the consumers
+/// hold (do not release) until TMA has read it. No wait between the two halves, and all 4 stages
+/// stay in the pipeline: the producer refills the held stage once it is released, at the next tile's
+/// first slice.
+struct Step6HeldStageCluster : Step6DependentLaunchCluster {
+  static constexpr bool held_stage_store = true;  ///< second half staged in the last stage's W tile
+};
+/// The same, released one slice later (HopperTuning::step6_held_stage_late): one more slice of math
+/// for TMA to read the staged half before the store leader waits for it.
+struct Step6HeldStageLateCluster : Step6HeldStageCluster {
+  static constexpr int held_release_slice = 1;  ///< released after the next tile's second slice is issued
+};
+/// `after`'s epilogue without its stores (HopperTuning::step6_stage_only): both halves staged, with
+/// the fences and barriers, but no TMA store, so C is never written. A measurement: against
+/// step6_mainloop_only it gives what staging costs, against `after` what the stores add.
+struct Step6StageOnlyCluster : Step6DependentLaunchCluster {
+  static constexpr bool skip_store = true;  ///< staged, never stored
+};
 
 /// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
 /// warpgroup (TMA loads, W multicast to both CTAs) and two consumer warpgroups (wgmma, then the
@@ -99,6 +123,10 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
                     65536 / kTile.threads() / 8 * 8 * kTile.threads(),
                 "setmaxnreg moves registers between warpgroups; it cannot create them");
   constexpr int kPartCols = kTile.block_n / kStoreParts;  // columns of C staged at a time
+  static_assert(!Tile::held_stage_store ||
+                    (kStoreParts == 2 && kTile.w_tile_bytes() / kTile.consumer_warpgroups ==
+                                             kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
+                "held stage: each consumer's second half fits its half of the last stage's W tile");
   static_assert(!kTmaStore || (kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
                                kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
                 "each consumer stages its 64 rows as block_n / c_staging_parts / 64 boxes of 64 × 64 at a time");
@@ -198,6 +226,18 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     float acc[kTile.block_n / 2];  // no zeroing: each tile's first wgmma has scale-d = 0
     PipelineState c;
     int previous_stage = 0;
+    // Tile::held_stage_store: the stage that holds the second half of the previous tile's staged C,
+    // or -1. Its store leader releases it for the whole warpgroup once TMA has read it.
+    int held_stage = -1;
+    auto release_held = [&held_stage, empty, store_leader]() {
+      if (store_leader) {
+        ptx::bulk_wait_group_read<0>();  // every store of this warpgroup has read its staged C
+        for (int cta = 0; cta < Tile::tile.cluster_m; ++cta) {
+          ptx::mbarrier_arrive_cluster(&empty[held_stage], cta, kWarpgroupThreads / 32);  // for its 4 warps
+        }
+      }
+      held_stage = -1;
+    };
     for (std::int64_t ct = cluster; ct < cluster_tiles; ct += clusters) {
       const MemberTile t = tile_of(ct);
       for (int kt = 0; kt < k_tiles; ++kt, c.advance(kTile.stages)) {
@@ -218,10 +258,19 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
         }
         ptx::wgmma_wait_group<1>();
         if (kt > 0) release(previous_stage);
+        if constexpr (Tile::held_stage_store) {
+          if (held_stage >= 0 && (kt == Tile::held_release_slice || kt == k_tiles - 1)) release_held();
+        }
         previous_stage = c.stage;
       }
       ptx::wgmma_wait_group<0>();
-      release(previous_stage);
+      // Tile::held_stage_store keeps the last stage for the second half of the staged C.
+      const bool hold_last_stage = Tile::held_stage_store && t.has_rows && out.tma_store;
+      if (hold_last_stage) {
+        held_stage = previous_stage;
+      } else {
+        release(previous_stage);
+      }
       if (!t.has_rows) continue;
       if constexpr (Tile::skip_math) continue;  // no accumulators to keep alive
       if constexpr (Tile::skip_epilogue) {
@@ -262,6 +311,28 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
         } else {
           ptx::store_accumulators(acc, out, row0, t.at.n0);
         }
+      } else if (kTmaStore && Tile::held_stage_store && out.tma_store) {
+        // The whole tile at once. The staging buffer is free: every earlier store was read before
+        // its held stage was released. The held stage's W tile is free once both consumers' last
+        // wgmma are done (the barrier over both warpgroups); the A box is left alone.
+        unsigned char* held_half =
+            stage(held_stage) + kTile.a_box_bytes() + consumer * (kTile.w_tile_bytes() / kTile.consumer_warpgroups);
+        ptx::stage_accumulators<kPartCols / 16>(acc, my_staging, 0);
+        ptx::named_barrier_sync(3, kTile.consumer_warpgroups * kWarpgroupThreads);
+        ptx::stage_accumulators<kPartCols / 16>(acc, held_half, kPartCols / 16);
+        ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
+        ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
+        if (store_leader) {
+          if (row0 < out.m) {
+            for (int box = 0; box < kTile.block_n / kStoreBoxCols; ++box) {
+              const int col = t.at.n0 + box * kStoreBoxCols;
+              const int in_half = box % (kPartCols / kStoreBoxCols);
+              unsigned char* src = (box < kPartCols / kStoreBoxCols ? my_staging : held_half) + in_half * kStoreBoxBytes;
+              if (col < out.n) ptx::tma_store_2d(&c_map, src, col, row0);
+            }
+          }
+          ptx::bulk_commit_group();
+        }
       } else if (kTmaStore && out.tma_store) {
         // Step 6. The staging buffer is free once the previous stores have read it (in practice long
         // ago for the first part: a whole tile of math has passed); the barrier tells the other 127
@@ -273,7 +344,7 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
           ptx::stage_accumulators<kPartCols / 16>(acc, my_staging, part * (kPartCols / 16));
           ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
           ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
-          if (store_leader) {
+          if (store_leader && !Tile::skip_store) {
             if (row0 < out.m) {
               for (int box = 0; box < kPartCols / kStoreBoxCols; ++box) {
                 const int col = t.at.n0 + part * kPartCols + box * kStoreBoxCols;

@@ -152,15 +152,24 @@ enum class HopperTuning {
   step6_loads_only,
   step6_small_loads_only,  ///< see step6_loads_only
   step6_box_ring,          ///< `after` staging C one 64 × 64 box at a time through two box buffers
+  /// `after` staging the whole tile at once: half in the staging buffer, half in the W tile of the
+  /// tile's last pipeline stage, held from the refill until TMA has read it (released at the next
+  /// tile's first slice; step6_held_stage_late: its second).
+  step6_held_stage,
+  step6_held_stage_late,  ///< see step6_held_stage
+  /// A measurement, not a GEMM: `after` with its epilogue's staging, fences and barriers but no
+  /// stores, so C is never written.
+  step6_stage_only,
 };
 
 /// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile",
 /// "tune_step6_prefetch_maps", "tune_step6_mainloop_only", "tune_step6_loads_only",
-/// "tune_step6_small_loads_only", "tune_step6_box_ring".
+/// "tune_step6_small_loads_only", "tune_step6_box_ring", "tune_step6_held_stage",
+/// "tune_step6_held_stage_late", "tune_step6_stage_only".
 const char* to_string(HopperTuning tuning);
 
 /// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step); the measurements
-/// (step6_mainloop_only, step6_loads_only, step6_small_loads_only) check the same rules and run the
+/// (step6_mainloop_only, step6_loads_only, step6_small_loads_only, step6_stage_only) check the same rules and run the
 /// same loads (and math), but write nothing to @p c.
 /// @param tuning the alternative
 /// @param a [M, K] row-major, 16-byte aligned

@@ -163,7 +163,10 @@ TileConfig tile_of(HopperStep step, detail::Step6Kernel kernel) {
     case detail::Step6Kernel::dependent_launch:
     case detail::Step6Kernel::mainloop_only:
     case detail::Step6Kernel::loads_only:
-    case detail::Step6Kernel::box_ring: break;
+    case detail::Step6Kernel::box_ring:
+    case detail::Step6Kernel::held_stage:
+    case detail::Step6Kernel::held_stage_late:
+    case detail::Step6Kernel::stage_only: break;
   }
   return kStep6Tile;
 }
@@ -240,6 +243,9 @@ const char* to_string(HopperTuning tuning) {
     case HopperTuning::step6_loads_only: return "tune_step6_loads_only";
     case HopperTuning::step6_small_loads_only: return "tune_step6_small_loads_only";
     case HopperTuning::step6_box_ring: return "tune_step6_box_ring";
+    case HopperTuning::step6_held_stage: return "tune_step6_held_stage";
+    case HopperTuning::step6_held_stage_late: return "tune_step6_held_stage_late";
+    case HopperTuning::step6_stage_only: return "tune_step6_stage_only";
   }
   return "unknown";
 }
@@ -257,6 +263,9 @@ void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const 
     case HopperTuning::step6_loads_only: return run(detail::Step6Kernel::loads_only);
     case HopperTuning::step6_small_loads_only: return run(detail::Step6Kernel::small_loads_only);
     case HopperTuning::step6_box_ring: return run(detail::Step6Kernel::box_ring);
+    case HopperTuning::step6_held_stage: return run(detail::Step6Kernel::held_stage);
+    case HopperTuning::step6_held_stage_late: return run(detail::Step6Kernel::held_stage_late);
+    case HopperTuning::step6_stage_only: return run(detail::Step6Kernel::stage_only);
   }
   throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
 }

@@ -55,6 +55,9 @@ enum class Step6Kernel {
   loads_only,        ///< `after`'s loads alone: a measurement, no wgmma, C is not written
   small_loads_only,  ///< the same on the 128 × 128 tile
   box_ring,          ///< `after` staging C one box at a time through two box buffers
+  held_stage,        ///< `after` staging the whole tile, half of it in the held last pipeline stage
+  held_stage_late,   ///< the same, the held stage released one slice later
+  stage_only,        ///< `after`'s epilogue without its stores: a measurement, C is not written
 };
 
 /// Step 6's launcher (step6_tma_store.cu): like launch_step5, with the TMA-store epilogue, which

@@ -152,6 +152,19 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* bar, int 
       : "memory");
 }
 
+/// mbarrier_arrive_cluster for @p count arrivals at once: one thread arriving for a whole warpgroup's
+/// warps (the held stage of step 6's held-stage alternative, released by its store leader).
+__device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* bar, int cta_rank, int count) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote], %2;\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(cta_rank), "r"(count)
+      : "memory");
+}
+
 /// Every thread of every CTA of the cluster arrives (release) and then waits (acquire): a
 /// __syncthreads for the whole cluster. Step 5 needs it twice: after the barriers are initialised
 /// (a peer must not multicast into, or arrive on, a barrier that does not exist yet) and before

@@ -65,6 +65,11 @@ void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMa
       launch_cluster_gemm<Step6SmallLoadsOnlyCluster>(a_map, w_map, c_map, out, stream);
       return;
     case Step6Kernel::box_ring: launch_cluster_gemm<Step6BoxRingCluster>(a_map, w_map, c_map, out, stream); return;
+    case Step6Kernel::held_stage: launch_cluster_gemm<Step6HeldStageCluster>(a_map, w_map, c_map, out, stream); return;
+    case Step6Kernel::held_stage_late:
+      launch_cluster_gemm<Step6HeldStageLateCluster>(a_map, w_map, c_map, out, stream);
+      return;
+    case Step6Kernel::stage_only: launch_cluster_gemm<Step6StageOnlyCluster>(a_map, w_map, c_map, out, stream); return;
   }
 }
 
