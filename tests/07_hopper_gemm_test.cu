@@ -47,9 +47,9 @@ using kc::test::bf16_gemm::shape_name;
 
 constexpr double kTolerance = 1e-2;  // see the top of the file
 constexpr kc::ch07::HopperTuning kTunings[] = {
-    kc::ch07::HopperTuning::step6_three_stages, kc::ch07::HopperTuning::step6_small_tile,
+    kc::ch07::HopperTuning::step6_three_stages,  kc::ch07::HopperTuning::step6_small_tile,
     kc::ch07::HopperTuning::step6_prefetch_maps, kc::ch07::HopperTuning::step6_box_ring,
-    kc::ch07::HopperTuning::step6_held_stage, kc::ch07::HopperTuning::step6_held_stage_late};
+    kc::ch07::HopperTuning::step6_held_stage,    kc::ch07::HopperTuning::step6_held_stage_late};
 constexpr HopperStep kSteps[] = {HopperStep::tma_wgmma,  HopperStep::pipeline,          HopperStep::warp_specialized,
                                  HopperStep::persistent, HopperStep::cluster_multicast, HopperStep::tma_store};
 
@@ -797,9 +797,9 @@ class HopperTuningGpu : public HopperGpuTest, public ::testing::WithParamInterfa
 
 TEST_P(HopperTuningGpu, MatchesReference) {
   const kc::ch07::HopperTuning tuning = GetParam();
-  for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{300, 392, 1032}, GemmShape{2100, 4104, 72},
-                            GemmShape{2100, 4100, 72}, GemmShape{127, 131, 64}, GemmShape{1, 8, 16},
-                            GemmShape{2100, 4104, 64}, GemmShape{1100, 4104, 1032}}) {
+  for (const GemmShape s :
+       {GemmShape{129, 264, 520}, GemmShape{300, 392, 1032}, GemmShape{2100, 4104, 72}, GemmShape{2100, 4100, 72},
+        GemmShape{127, 131, 64}, GemmShape{1, 8, 16}, GemmShape{2100, 4104, 64}, GemmShape{1100, 4104, 1032}}) {
     check_launch(kc::ch07::to_string(tuning), tuning_launch(tuning), s, false);
   }
 }
@@ -939,8 +939,9 @@ TEST_F(HopperGpuTest, AfterWaitsForThePreviousKernel) {
 // The measurements run the kernel's loads (and math) but write nothing: C stays poisoned, also
 // through the TMA-store path (N a multiple of 8) and on several tiles per cluster.
 TEST_F(HopperGpuTest, MeasurementsWriteNothing) {
-  for (const auto measurement : {kc::ch07::HopperTuning::step6_mainloop_only, kc::ch07::HopperTuning::step6_loads_only,
-                                 kc::ch07::HopperTuning::step6_small_loads_only, kc::ch07::HopperTuning::step6_stage_only})
+  for (const auto measurement :
+       {kc::ch07::HopperTuning::step6_mainloop_only, kc::ch07::HopperTuning::step6_loads_only,
+        kc::ch07::HopperTuning::step6_small_loads_only, kc::ch07::HopperTuning::step6_stage_only})
     for (const GemmShape s : {GemmShape{129, 264, 520}, GemmShape{2100, 4104, 72}, GemmShape{127, 131, 64}}) {
       SCOPED_TRACE(std::string(kc::ch07::to_string(measurement)) + ", " + shape_name(s));
       const Inputs in = random_inputs(s, kc::test::test_seed());

@@ -123,9 +123,8 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
                     65536 / kTile.threads() / 8 * 8 * kTile.threads(),
                 "setmaxnreg moves registers between warpgroups; it cannot create them");
   constexpr int kPartCols = kTile.block_n / kStoreParts;  // columns of C staged at a time
-  static_assert(!Tile::held_stage_store ||
-                    (kStoreParts == 2 && kTile.w_tile_bytes() / kTile.consumer_warpgroups ==
-                                             kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
+  static_assert(!Tile::held_stage_store || (kStoreParts == 2 && kTile.w_tile_bytes() / kTile.consumer_warpgroups ==
+                                                                    kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
                 "held stage: each consumer's second half fits its half of the last stage's W tile");
   static_assert(!kTmaStore || (kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
                                kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
@@ -327,7 +326,8 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
             for (int box = 0; box < kTile.block_n / kStoreBoxCols; ++box) {
               const int col = t.at.n0 + box * kStoreBoxCols;
               const int in_half = box % (kPartCols / kStoreBoxCols);
-              unsigned char* src = (box < kPartCols / kStoreBoxCols ? my_staging : held_half) + in_half * kStoreBoxBytes;
+              unsigned char* src =
+                  (box < kPartCols / kStoreBoxCols ? my_staging : held_half) + in_half * kStoreBoxBytes;
               if (col < out.n) ptx::tma_store_2d(&c_map, src, col, row0);
             }
           }
