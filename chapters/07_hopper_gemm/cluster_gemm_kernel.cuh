@@ -272,7 +272,9 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       }
       if (!t.has_rows) continue;
       if constexpr (Tile::skip_math) continue;  // no accumulators to keep alive
-      if constexpr (Tile::skip_epilogue) {
+      if (Tile::skip_epilogue || (Tile::skip_store && !out.tma_store)) {
+        // (step6_stage_only where C cannot take TMA stores: it has no stores to leave out, so it too
+        // writes nothing.)
         // ptxas replaces a wgmma whose accumulators are never read by a dummy one (HGMMA.64x8x16,
         // zero registers), which would measure the loads alone. So every accumulator is read into
         // one value that is stored only under a condition the compiler cannot rule out and the
