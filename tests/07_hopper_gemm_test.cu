@@ -24,6 +24,7 @@
 
 #include "bf16_gemm_problems.hpp"
 #include "hopper_gemm.hpp"
+#include "hopper_launch.hpp"
 #include "hopper_tiles.hpp"
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"
@@ -643,6 +644,115 @@ TEST(HopperPersistent, PipelineStateWrapsAndFlipsPhase) {
   }
 }
 
+// The plan's rule, on the shapes of the benchmark with the H200's 66 clusters: Stream-K where the
+// last round is short, whole tiles where it is full, where there is one round or less, or where
+// the split would save too little.
+TEST(HopperStreamK, PlanRule) {
+  using kc::ch07::stream_k_plan;
+  const auto expect_plan = [](kc::ch07::StreamKPlan p, int whole, int split) {
+    EXPECT_EQ(p.whole_tiles, whole);
+    EXPECT_EQ(p.split_tiles, split);
+  };
+  expect_plan(stream_k_plan(256, 66, 64), 198, 58);    // 4096³: 3.88 rounds, 58 tiles shared by 66 clusters
+  expect_plan(stream_k_plan(1024, 66, 128), 990, 34);  // 8192³
+  expect_plan(stream_k_plan(896, 66, 32), 858, 38);    // 8192 × 7168 × 2048
+  expect_plan(stream_k_plan(64, 66, 32), 64, 0);       // 2048³: one round, not even full
+  expect_plan(stream_k_plan(132, 66, 64), 132, 0);     // two full rounds
+  expect_plan(stream_k_plan(131, 66, 64), 131, 0);     // 65 of 66: a share of 64 slices saves nothing
+  expect_plan(stream_k_plan(67, 66, 64), 67, 0);       // 64 slices for 66 clusters: shares would be empty
+  expect_plan(stream_k_plan(67, 66, 200), 66, 1);      // 200 slices for 66 clusters, none empty
+  expect_plan(stream_k_plan(67, 66, 8), 67, 0);        // 8 slices for 66 clusters: shares would be empty
+}
+
+// Every split slice lies in exactly one piece; a share has at most two pieces, in decreasing tile
+// order, of which at most one is stored as a partial; each split tile has one owner, whose piece is
+// the last of its share; and the clusters from stream_k_first_cluster up to the owner are exactly
+// the ones holding pieces of the tile (the owner reads their partials).
+TEST(HopperStreamK, PiecesCoverEverySliceOnceAndOwnersComeLast) {
+  for (const int clusters : {1, 2, 7, 60, 66}) {
+    for (const std::int64_t tiles : {3, 67, 100, 133, 256, 1000}) {
+      for (const int k_tiles : {1, 4, 17, 64, 128}) {
+        const kc::ch07::StreamKPlan plan = kc::ch07::stream_k_plan(tiles, clusters, k_tiles);
+        SCOPED_TRACE("tiles " + std::to_string(tiles) + ", clusters " + std::to_string(clusters) + ", k_tiles " +
+                     std::to_string(k_tiles));
+        ASSERT_EQ(plan.whole_tiles + plan.split_tiles, tiles);
+        if (plan.split_tiles == 0) continue;
+        EXPECT_LT(plan.split_tiles, clusters);
+        EXPECT_EQ(plan.whole_tiles % clusters, 0) << "the whole tiles fill their rounds";
+        std::vector<int> covered(static_cast<std::size_t>(plan.split_slices()), 0);
+        std::vector<int> owner(static_cast<std::size_t>(plan.split_tiles), -1);
+        std::vector<std::set<int>> holders(static_cast<std::size_t>(plan.split_tiles));
+        for (int c = 0; c < clusters; ++c) {
+          int stored = 0, previous_tile = plan.split_tiles;
+          bool owned_seen = false;
+          for (int i = 0; i < 2; ++i) {
+            const kc::ch07::StreamKPiece piece = kc::ch07::stream_k_piece(plan, c, i);
+            if (piece.k_begin == piece.k_end) continue;
+            ASSERT_FALSE(owned_seen) << "cluster " << c << ": a piece after the one it owns";
+            ASSERT_LT(piece.tile, previous_tile) << "cluster " << c << ": pieces in decreasing tile order";
+            previous_tile = piece.tile;
+            ASSERT_GE(piece.k_begin, 0);
+            ASSERT_LE(piece.k_end, k_tiles);
+            for (int k = piece.k_begin; k < piece.k_end; ++k) {
+              ++covered[static_cast<std::size_t>(piece.tile) * k_tiles + k];
+            }
+            holders[piece.tile].insert(c);
+            if (piece.k_end == k_tiles) {
+              ASSERT_EQ(owner[piece.tile], -1) << "tile " << piece.tile << " has two owners";
+              owner[piece.tile] = c;
+              owned_seen = true;
+            } else {
+              ++stored;
+            }
+          }
+          EXPECT_LE(stored, 1) << "cluster " << c << " stores more than one partial";
+          EXPECT_LT(plan.share_begin(c), plan.share_begin(c + 1)) << "cluster " << c << ": empty share";
+        }
+        for (std::size_t slice = 0; slice < covered.size(); ++slice) {
+          ASSERT_EQ(covered[slice], 1) << "split slice " << slice;
+          EXPECT_EQ(plan.cluster_of_slice(static_cast<std::int64_t>(slice)),
+                    [&] {
+                      int c = 0;
+                      while (plan.share_begin(c + 1) <= static_cast<std::int64_t>(slice)) ++c;
+                      return c;
+                    }())
+              << "slice " << slice;
+        }
+        for (int t = 0; t < plan.split_tiles; ++t) {
+          ASSERT_GE(owner[t], 0) << "tile " << t << " has no owner";
+          std::set<int> expected;
+          for (int c = kc::ch07::stream_k_first_cluster(plan, t); c <= owner[t]; ++c) expected.insert(c);
+          EXPECT_EQ(holders[t], expected) << "tile " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(HopperStreamK, WorkspaceBytes) {
+  // A flag region for 256 clusters, then 4 partials of 64 × 256 fp32 per cluster.
+  EXPECT_EQ(kc::ch07::hopper_workspace_bytes(132), 4096u + 66u * 4u * 65536u);
+  EXPECT_EQ(kc::ch07::hopper_workspace_bytes(133), kc::ch07::hopper_workspace_bytes(132))
+      << "an odd SM holds no cluster";
+  expect_invalid_argument([] { kc::ch07::hopper_workspace_bytes(1); }, "sms (1) must be at least 2");
+  expect_invalid_argument([] { kc::ch07::hopper_workspace_bytes(514); }, "sms (514) must be at most 512");
+}
+
+TEST(HopperStreamK, RejectsBadWorkspace) {
+  HostBuffer a, w, c;
+  alignas(16) static unsigned char scratch[4096 + 64];
+  const GemmShape s{2, 2, 8};
+  const auto validate = [&](const void* workspace, std::size_t bytes) {
+    kc::ch07::validate_hopper_workspace(a.data, w.data, c.data, s, workspace, bytes, 4096);
+  };
+  expect_invalid_argument([&] { validate(nullptr, 4096); }, "workspace must not be null");
+  expect_invalid_argument([&] { validate(scratch + 8, 4096); }, "workspace must be 16-byte aligned");
+  expect_invalid_argument([&] { validate(scratch, 4095); }, "workspace_bytes (4095) must be at least 4096");
+  expect_invalid_argument([&] { validate(c.data, 4096); }, "workspace must not overlap a, w or c");
+  expect_invalid_argument([&] { validate(a.data, 4096); }, "workspace must not overlap a, w or c");
+  EXPECT_NO_THROW(validate(scratch, 4096));
+}
+
 // ---------------------------------------------------------------- GPU
 
 // The kernels are sm_90a code: sm_90 exactly (an sm_100 or sm_120 GPU cannot run them either).
@@ -674,6 +784,24 @@ Launch after_launch() {
   };
 }
 
+// The Stream-K launch's workspace, shared by every test of this program: zero-filled once, as the
+// API asks; each launch must leave it zero-filled for the next (StreamKRepeatsAndLeavesItsFlagsDown).
+kc::DeviceBuffer<unsigned char>& stream_k_workspace() {
+  static kc::DeviceBuffer<unsigned char> workspace = [] {
+    kc::DeviceBuffer<unsigned char> fresh(kc::ch07::gemm_bf16_hopper_workspace_bytes());
+    fresh.fill_bytes(0);
+    return fresh;
+  }();
+  return workspace;
+}
+
+Launch stream_k_launch() {
+  return [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
+    kc::DeviceBuffer<unsigned char>& workspace = stream_k_workspace();
+    kc::ch07::gemm_bf16_hopper(a, w, c, s, workspace.data(), workspace.size(), q);
+  };
+}
+
 Launch tuning_launch(kc::ch07::HopperTuning tuning) {
   return [tuning](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
     kc::ch07::gemm_bf16_hopper_tuning(tuning, a, w, c, s, q);
@@ -685,6 +813,7 @@ std::vector<std::pair<std::string, Launch>> every_launch() {
   std::vector<std::pair<std::string, Launch>> launches;
   for (HopperStep step : kSteps) launches.emplace_back(kc::ch07::to_string(step), step_launch(step));
   launches.emplace_back("after", after_launch());
+  launches.emplace_back("after_stream_k", stream_k_launch());
   for (auto tuning : kTunings) {
     launches.emplace_back(kc::ch07::to_string(tuning), tuning_launch(tuning));
   }
@@ -953,6 +1082,71 @@ TEST_F(HopperGpuTest, MeasurementsWriteNothing) {
       EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << "wrote into c";
       EXPECT_EQ(c.guard_damage(), 0u);
     }
+}
+
+// Shapes whose last round Stream-K splits (checked against the plan for this GPU). A few split tiles
+// of 16 or 17 slices are shared by every cluster, a slice or two each, so a tile has up to a dozen
+// pieces and its owner adds up to a dozen partials.
+//   - 18 × 8 tiles, K = 1024 (16 slices);
+//   - 17 × 8 tiles (rank 1 of the last cluster row has no rows: it stores no partial and reads
+//     none), N = 2044 (register stores), K = 1032 (a K tail in the last slice);
+//   - the same with N = 2048 (TMA stores).
+const GemmShape kSplitShapes[] = {{2304, 2048, 1024}, {2100, 2044, 1032}, {2100, 2048, 1032}};
+
+// Stream-K against the fp64 reference on the split shapes, and on the goal shapes (which split too)
+// against cuBLAS on every element.
+TEST_F(HopperGpuTest, StreamKMatchesReference) {
+  for (const GemmShape s : kSplitShapes) {
+    ASSERT_GT(kc::ch07::gemm_bf16_hopper_stream_k_plan(s).split_tiles, 0) << shape_name(s) << " must split here";
+    check_launch("after_stream_k", stream_k_launch(), s, false);
+  }
+  if (kc::test::small_tests_only()) return;  // KC_SMALL_TESTS: no large shapes
+  for (const GemmShape s : {GemmShape{4096, 4096, 4096}, GemmShape{8192, 7168, 2048}}) {
+    ASSERT_GT(kc::ch07::gemm_bf16_hopper_stream_k_plan(s).split_tiles, 0) << shape_name(s) << " must split here";
+    check_launch("after_stream_k", stream_k_launch(), s, true);
+  }
+}
+
+// Stream-K is bitwise repeatable (the owner adds the partials in a fixed order), graph-capturable,
+// and leaves every flag of its workspace down after each launch, as the next launch needs.
+TEST_F(HopperGpuTest, StreamKRepeatsAndLeavesItsFlagsDown) {
+  const GemmShape s = kSplitShapes[0];
+  const Inputs in = random_inputs(s, kc::test::test_seed());
+  kc::DeviceBuffer<bf16> a(in.a), w(in.w);
+  kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
+  const Launch launch = stream_k_launch();
+  const auto flags_down = [] {
+    std::vector<std::int32_t> flags(kc::ch07::detail::StreamKWorkspace::kFlagBytes / sizeof(std::int32_t));
+    kc::check(cudaMemcpy(flags.data(), stream_k_workspace().data(), flags.size() * sizeof(std::int32_t),
+                         cudaMemcpyDeviceToHost));
+    for (std::int32_t f : flags)
+      if (f != 0) return false;
+    return true;
+  };
+  kc::test::LaunchUnderTest run{[&](cudaStream_t stream) { launch(a.data(), w.data(), c.data(), s, stream); },
+                                [&] { c.poison(); },
+                                [&] {
+                                  EXPECT_TRUE(flags_down()) << "a flag was left up";
+                                  const std::vector<bf16> host = c.to_host();
+                                  const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
+                                  return std::vector<unsigned char>(bytes, bytes + host.size() * sizeof(bf16));
+                                }};
+  kc::test::expect_graph_capturable(run);
+  kc::test::expect_bitwise_repeatable(run);
+}
+
+// A workspace too small for this GPU is rejected before the launch: C keeps its poison.
+TEST_F(HopperGpuTest, StreamKRejectsASmallWorkspace) {
+  const GemmShape s = kSplitShapes[0];
+  kc::DeviceBuffer<bf16> a(static_cast<std::size_t>(s.m * s.k)), w(static_cast<std::size_t>(s.n * s.k));
+  kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
+  kc::DeviceBuffer<unsigned char>& workspace = stream_k_workspace();
+  expect_invalid_argument(
+      [&] { kc::ch07::gemm_bf16_hopper(a.data(), w.data(), c.data(), s, workspace.data(), workspace.size() - 16); },
+      "workspace_bytes (" + std::to_string(workspace.size() - 16) + ") must be at least");
+  kc::check(cudaDeviceSynchronize());
+  const std::vector<bf16> got = c.to_host();
+  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << "wrote into c";
 }
 
 // On a GPU that is not sm_90 the launch says what it needs (and launches nothing).

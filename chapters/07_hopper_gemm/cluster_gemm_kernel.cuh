@@ -28,6 +28,7 @@ struct ClusterKernelOptions {
   /// whole tile is staged at once; the hold ends at slice held_release_slice of the next tile.
   static constexpr bool held_stage_store = false;
   static constexpr int held_release_slice = 0;  ///< with held_stage_store: when the held stage is released
+  static constexpr bool stream_k = false;       ///< Stream-K on the last round (out.stream_k, out.workspace)
 };
 /// Step 5's tile as a kernel template argument.
 struct Step5Cluster : ClusterKernelOptions {
@@ -90,6 +91,11 @@ struct Step6HeldStageCluster : Step6DependentLaunchCluster {
 /// for TMA to read the staged half before the store leader waits for it.
 struct Step6HeldStageLateCluster : Step6HeldStageCluster {
   static constexpr int held_release_slice = 1;  ///< released after the next tile's second slice is issued
+};
+/// `after` with Stream-K on the last round (gemm_bf16_hopper with a workspace): the full rounds of
+/// whole tiles, then the last round's tiles shared out by slice over every cluster (StreamKPlan).
+struct Step6StreamKCluster : Step6DependentLaunchCluster {
+  static constexpr bool stream_k = true;  ///< out.stream_k and out.workspace
 };
 /// `after`'s epilogue without its stores (HopperTuning::step6_stage_only): both halves staged, with
 /// the fences and barriers, but no TMA store, so C is never written. A measurement: against
@@ -162,6 +168,31 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     return MemberTile{{has_rows ? c.m_tile * Tile::tile.block_m : 0, c.n_tile * Tile::tile.block_n}, has_rows};
   };
 
+  // The work of this cluster, in units of (cluster tile, slices [k_begin, k_end)): first whole tiles,
+  // round-robin over the clusters; then, with Stream-K, the (at most two) pieces of its share of the
+  // split tiles. An empty piece is skipped by every role alike.
+  // (int: a launch has at most 2^31 - 1 tiles, validated on the host.)
+  struct WorkUnit {
+    int cluster_tile;
+    int k_begin, k_end;
+    int split_tile;  // which split tile the piece is of; -1 for a whole tile
+  };
+  const int whole_tiles = Tile::stream_k ? out.stream_k.whole_tiles : static_cast<int>(cluster_tiles);
+  const int whole_units =
+      whole_tiles > cluster ? static_cast<int>((whole_tiles - cluster + clusters - 1) / clusters) : 0;
+  const int units = whole_units + (Tile::stream_k ? 2 : 0);
+  // This cluster's Stream-K pieces and, for the piece it owns, the first cluster holding a piece of
+  // the same tile: worked out once, by thread 0 while it sets up the barriers (64-bit divisions,
+  // which the consumers have no registers to spare for), and read from shared memory.
+  __shared__ StreamKPiece split_pieces[2];
+  __shared__ int owned_tile_first_cluster;
+  auto unit_of = [&](int u) {
+    if (u < whole_units)
+      return WorkUnit{static_cast<int>(cluster + static_cast<std::int64_t>(u) * clusters), 0, k_tiles, -1};
+    const StreamKPiece piece = split_pieces[u - whole_units];
+    return WorkUnit{whole_tiles + piece.tile, piece.k_begin, piece.k_end, piece.tile};
+  };
+
   if constexpr (Tile::prefetch_maps) {
     // The producer thread's first loads need A's and W's maps; the store leaders' first store, C's.
     if (threadIdx.x == 0) {
@@ -171,6 +202,15 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     }
   }
   if (threadIdx.x == 0) {
+    if constexpr (Tile::stream_k) {
+      owned_tile_first_cluster = static_cast<int>(cluster);
+      for (int i = 0; i < 2; ++i) {
+        split_pieces[i] = stream_k_piece(out.stream_k, static_cast<int>(cluster), i);
+        if (split_pieces[i].k_begin < split_pieces[i].k_end && split_pieces[i].k_end == k_tiles) {
+          owned_tile_first_cluster = stream_k_first_cluster(out.stream_k, split_pieces[i].tile);
+        }
+      }
+    }
     for (int s = 0; s < kTile.stages; ++s) {
       ptx::mbarrier_init(&full[s], 1);  // this CTA's producer's expect_tx; the bytes come from both
       ptx::mbarrier_init(&empty[s], kConsumerWarps * kTile.cluster_m);  // every consumer warp of the cluster
@@ -192,12 +232,14 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
       PipelineState p;
-      for (std::int64_t ct = cluster; ct < cluster_tiles; ct += clusters) {
-        const MemberTile t = tile_of(ct);
+      for (int u = 0; u < units; ++u) {
+        const WorkUnit unit = unit_of(u);
+        if (unit.k_begin == unit.k_end) continue;
+        const MemberTile t = tile_of(unit.cluster_tile);
         const bool own_w_slice = w_slice_in_matrix(kTile, rank, t.at.n0, out.n);
         const int w_row = own_w_slice ? t.at.n0 + rank * kTile.w_box_rows() : 0;  // this CTA's half of W
         const int bytes = cluster_stage_bytes(kTile, t.has_rows, t.at.n0, out.n);
-        for (int kt = 0; kt < k_tiles; ++kt, p.advance(kTile.stages)) {
+        for (int kt = unit.k_begin; kt < unit.k_end; ++kt, p.advance(kTile.stages)) {
           // The refill writes into both CTAs: wait until both CTAs' consumers released the stage.
           if (p.wrapped) ptx::mbarrier_wait(&empty[p.stage], p.phase ^ 1u);
           ptx::mbarrier_arrive_expect_tx(&full[p.stage], static_cast<std::uint32_t>(bytes));
@@ -237,9 +279,66 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       }
       held_stage = -1;
     };
-    for (std::int64_t ct = cluster; ct < cluster_tiles; ct += clusters) {
-      const MemberTile t = tile_of(ct);
-      for (int kt = 0; kt < k_tiles; ++kt, c.advance(kTile.stages)) {
+    // Stream-K, after a piece of a split tile: a piece without the tile's last slice is stored as
+    // this consumer's partial for the owner, and a flag says it is there (false: nothing to write).
+    // The owner's piece adds the partials of the clusters before it, each once its flag is up (and
+    // puts the flag down for the next launch), then goes on to the epilogue (true).
+    auto stream_k_fix_up = [&](bool owner) {
+      const int thread = static_cast<int>(threadIdx.x % kWarpgroupThreads);
+      auto* flags = static_cast<std::int32_t*>(out.workspace);
+      auto* partials =
+          reinterpret_cast<float4*>(static_cast<unsigned char*>(out.workspace) + StreamKWorkspace::kFlagBytes);
+      constexpr int kGroups = kTile.block_n / 2 / 4;  // float4 groups of accumulators per thread
+      // Group g of every thread lies together: each warp's access is 512 contiguous bytes.
+      auto partial_of = [&](int slot) {
+        return partials + static_cast<std::size_t>(slot) * (StreamKWorkspace::kPartialFloats / 4) + thread;
+      };
+      if (!owner) {
+        const int slot = StreamKWorkspace::index(static_cast<int>(cluster), rank, consumer);
+        float4* mine = partial_of(slot);
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          __stcg(mine + g * kWarpgroupThreads, make_float4(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2], acc[4 * g + 3]));
+        }
+        ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);  // every thread's part is written
+        if (store_leader) ptx::flag_release(&flags[slot]);
+        return false;
+      }
+      // Every cluster's share holds a slice (the plan's rule), so every cluster from the first up to
+      // this one stored a piece of this tile.
+      for (int from = owned_tile_first_cluster; from < cluster; ++from) {
+        const int slot = StreamKWorkspace::index(from, rank, consumer);
+        if (store_leader) {
+          ptx::flag_acquire_wait(&flags[slot]);
+          flags[slot] = 0;  // read by no one else in this launch; the next launch runs after this one
+        }
+        ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);  // the partial is there for every thread
+        const float4* theirs = partial_of(slot);
+        // Four loads in flight at a time: all 32 at once would need 128 more registers than the
+        // consumers have beside their accumulators (the empty asm keeps ptxas from hoisting them).
+        constexpr int kInFlight = 4;
+#pragma unroll
+        for (int g0 = 0; g0 < kGroups; g0 += kInFlight) {
+          float4 v[kInFlight];
+#pragma unroll
+          for (int i = 0; i < kInFlight; ++i) v[i] = __ldcg(theirs + (g0 + i) * kWarpgroupThreads);
+#pragma unroll
+          for (int i = 0; i < kInFlight; ++i) {
+            acc[4 * (g0 + i)] += v[i].x;
+            acc[4 * (g0 + i) + 1] += v[i].y;
+            acc[4 * (g0 + i) + 2] += v[i].z;
+            acc[4 * (g0 + i) + 3] += v[i].w;
+          }
+          asm volatile("" ::: "memory");
+        }
+      }
+      return true;
+    };
+    for (int u = 0; u < units; ++u) {
+      const WorkUnit unit = unit_of(u);
+      if (unit.k_begin == unit.k_end) continue;
+      const MemberTile t = tile_of(unit.cluster_tile);
+      for (int kt = unit.k_begin; kt < unit.k_end; ++kt, c.advance(kTile.stages)) {
         ptx::mbarrier_wait(&full[c.stage], c.phase);
         if (t.has_rows && !Tile::skip_math) {
           const std::uint64_t a_desc = ptx::descriptor_of(stage(c.stage) + consumer * 64 * 128);
@@ -248,17 +347,19 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
 #pragma unroll
           for (int kk = 0; kk < kBlockK / 16; ++kk) {
             if constexpr (kTile.block_n == 256) {
-              ptx::wgmma_m64n256k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > 0 || kk > 0 ? 1 : 0);
+              ptx::wgmma_m64n256k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > unit.k_begin || kk > 0 ? 1 : 0);
             } else {
-              ptx::wgmma_m64n128k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > 0 || kk > 0 ? 1 : 0);
+              ptx::wgmma_m64n128k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > unit.k_begin || kk > 0 ? 1 : 0);
             }
           }
           ptx::wgmma_commit_group();
         }
         ptx::wgmma_wait_group<1>();
-        if (kt > 0) release(previous_stage);
+        if (kt > unit.k_begin) release(previous_stage);
         if constexpr (Tile::held_stage_store) {
-          if (held_stage >= 0 && (kt == Tile::held_release_slice || kt == k_tiles - 1)) release_held();
+          if (held_stage >= 0 && (kt - unit.k_begin == Tile::held_release_slice || kt == unit.k_end - 1)) {
+            release_held();
+          }
         }
         previous_stage = c.stage;
       }
@@ -284,6 +385,9 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
         for (float v : acc) bits |= __float_as_uint(v);
         if (out.m < 0) out.c[bits % 2] = __float2bfloat16(static_cast<float>(bits));
         continue;
+      }
+      if constexpr (Tile::stream_k) {
+        if (unit.split_tile >= 0 && !stream_k_fix_up(unit.k_end == k_tiles)) continue;
       }
       ptx::fence_accumulators(acc);
       const int row0 = t.at.m0 + 64 * consumer;
@@ -369,32 +473,36 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
   ptx::cluster_sync();
 }
 
-/// Launches cluster_gemm_kernel<Tile> on @p stream: as many clusters of two as the GPU holds at once
-/// (queried once per device, with the shared-memory opt-in), at most one per cluster tile. @p c_map is
-/// read only when Tile::tile.c_staging and out.tma_store.
+/// The launch configuration of cluster_gemm_kernel<Tile> without its grid and stream: clusters of
+/// cluster_m along x, the block, the dynamic shared memory, and (for the dependent launch) the
+/// programmatic stream serialization attribute in @p attributes[1].
 template <class Tile>
-void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                         const Output& out, cudaStream_t stream) {
+cudaLaunchConfig_t cluster_launch_config(cudaLaunchAttribute (&attributes)[2]) {
   constexpr TileConfig kTile = Tile::tile;
-  cudaLaunchAttribute cluster_dims{};
-  cluster_dims.id = cudaLaunchAttributeClusterDimension;
-  cluster_dims.val.clusterDim.x = kTile.cluster_m;  // pairs of consecutive blockIdx.x
-  cluster_dims.val.clusterDim.y = 1;
-  cluster_dims.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(kTile.cluster_m);  // one cluster for the occupancy query; the real grid below
-  config.blockDim = dim3(kTile.threads());
-  config.dynamicSmemBytes = kTile.smem_bytes();
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2] = {cluster_dims, {}};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = kTile.cluster_m;  // pairs of consecutive blockIdx.x
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
   attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kTile.cluster_m);  // one cluster, for the occupancy query
+  config.blockDim = dim3(kTile.threads());
+  config.dynamicSmemBytes = kTile.smem_bytes();
   config.attrs = attributes;
-  config.numAttrs = 1;  // the cluster shape only, for the occupancy query
-  // Once per device (never inside a graph capture after the first call): the shared-memory opt-in, and
-  // how many clusters of this kernel the GPU holds at once, which sizes the grid. Clusters must fit in
-  // one GPC, so this can be less than SMs / 2 (an odd SM left over in a GPC stays idle).
-  const int resident_clusters = cached_per_device([&config](int device) {
+  config.numAttrs = 1;  // the cluster shape only
+  return config;
+}
+
+/// How many clusters of cluster_gemm_kernel<Tile> the current GPU holds at once, which sizes the
+/// grid. Queried once per device, with the shared-memory opt-in (never inside a graph capture after
+/// the first call). Clusters must fit in one GPC, so this can be less than SMs / 2 (an odd SM left
+/// over in a GPC stays idle).
+template <class Tile>
+int resident_clusters() {
+  return cached_per_device([](int device) {
+    cudaLaunchAttribute attributes[2] = {};
+    const cudaLaunchConfig_t config = cluster_launch_config<Tile>(attributes);
     check(cudaFuncSetAttribute(cluster_gemm_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(Tile::tile.smem_bytes())));
     int clusters = 0;
@@ -406,10 +514,36 @@ void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, con
     }
     return clusters;
   });
-  config.gridDim =
-      dim3(static_cast<unsigned>(cluster_grid(out.tiles_m, out.tiles_n, kTile.cluster_m, resident_clusters)));
+}
+
+/// Launches cluster_gemm_kernel<Tile> on @p stream: as many clusters of two as the GPU holds at once
+/// (resident_clusters), at most one per cluster tile. @p c_map is read only when Tile::tile.c_staging
+/// and out.tma_store. With Tile::stream_k, the launch's StreamKPlan is made here, for its grid.
+template <class Tile>
+void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                         const Output& out, cudaStream_t stream) {
+  constexpr TileConfig kTile = Tile::tile;
+  cudaLaunchAttribute attributes[2] = {};
+  cudaLaunchConfig_t config = cluster_launch_config<Tile>(attributes);
+  config.stream = stream;
+  const int grid = cluster_grid(out.tiles_m, out.tiles_n, kTile.cluster_m, resident_clusters<Tile>());
+  config.gridDim = dim3(static_cast<unsigned>(grid));
   if constexpr (Tile::dependent_launch) config.numAttrs = 2;  // and programmatic stream serialization
-  check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<Tile>, a_map, w_map, c_map, out));
+  Output launch_out = out;
+  if constexpr (Tile::stream_k) {
+    // The host checked the workspace against the most clusters this GPU can hold (SMs / 2); this is
+    // the same rule for the grid it got.
+    const int clusters = grid / kTile.cluster_m;
+    launch_out.stream_k = stream_k_plan(cluster_tile_count(out.tiles_m, out.tiles_n, kTile.cluster_m), clusters,
+                                        (out.k + kBlockK - 1) / kBlockK);
+    if (launch_out.stream_k.split_tiles > 0 && (clusters > StreamKWorkspace::kMaxClusters || out.workspace == nullptr ||
+                                                out.workspace_bytes < StreamKWorkspace::bytes(clusters))) {
+      throw InvalidArgument("workspace_bytes (" + std::to_string(out.workspace_bytes) + ") must be at least " +
+                            std::to_string(StreamKWorkspace::bytes(clusters)) + " for a grid of " +
+                            std::to_string(clusters) + " clusters (gemm_bf16_hopper_workspace_bytes())");
+    }
+  }
+  check(cudaLaunchKernelEx(&config, cluster_gemm_kernel<Tile>, a_map, w_map, c_map, launch_out));
   check_launch();
 }
 

@@ -45,6 +45,7 @@
 #include <string>
 
 #include "gemm_shape.hpp"
+#include "hopper_tiles.hpp"
 #include "tensor_map.hpp"
 
 namespace kc::ch07 {
@@ -138,6 +139,53 @@ TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape);
 /// @param stream the stream to enqueue on
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                       cudaStream_t stream = nullptr);
+
+/// Bytes of workspace the Stream-K launch of gemm_bf16_hopper needs on a GPU of @p sms SMs: a fixed
+/// region of flags, then one 256 KiB fp32 partial tile per cluster the GPU can hold (sms / 2), about
+/// 17 MB on an H200. Host-only arithmetic; throws kc::InvalidArgument for sms < 2 or more SMs than
+/// the flag region has room for (512).
+/// @param sms streaming multiprocessors of the GPU
+std::size_t hopper_workspace_bytes(int sms);
+
+/// hopper_workspace_bytes for the current device (queried once per device).
+std::size_t gemm_bf16_hopper_workspace_bytes();
+
+/// Checks a Stream-K workspace; throws kc::InvalidArgument naming the rule broken: not null,
+/// 16-byte aligned, at least @p required_bytes, not overlapping a, w or c. Host-only.
+/// @param a, w, c the launch's matrices (their extents come from @p shape)
+/// @param shape M, N, K
+/// @param workspace the device scratch
+/// @param workspace_bytes its size
+/// @param required_bytes what the GPU needs (hopper_workspace_bytes)
+void validate_hopper_workspace(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape,
+                               const void* workspace, std::size_t workspace_bytes, std::size_t required_bytes);
+
+/// gemm_bf16_hopper with Stream-K on the last round: when the cluster tiles do not fill the last
+/// round of the persistent grid, the full rounds take whole tiles and the last round's tiles are
+/// shared out slice by slice over every cluster; the pieces are summed in fp32 through
+/// @p workspace (StreamKPlan in hopper_tiles.hpp says when and how). Results may differ from the
+/// whole-tile launch in the last bits of the split tiles (another order of the fp32 sums), and are
+/// the same run to run.
+///
+/// The workspace must be zero-filled once before its first use (cudaMemset); every launch leaves it
+/// zero-filled again. One workspace serves one launch at a time: launches on different streams that
+/// may run at once need one each.
+/// @param a [M, K] row-major, 16-byte aligned
+/// @param w [N, K] row-major, 16-byte aligned
+/// @param c [M, N] row-major output, 2-byte aligned
+/// @param shape M, N, K (K a multiple of 8)
+/// @param workspace device scratch of at least gemm_bf16_hopper_workspace_bytes(), 16-byte aligned
+/// @param workspace_bytes its size
+/// @param stream the stream to enqueue on
+void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                      void* workspace, std::size_t workspace_bytes, cudaStream_t stream = nullptr);
+
+/// The StreamKPlan (hopper_tiles.hpp) that gemm_bf16_hopper with a workspace runs for @p shape on
+/// the current device: how many cluster tiles it takes whole and how many it splits by slice, for
+/// the grid this GPU holds. Throws kc::InvalidArgument for a bad shape, UnsupportedGpu where the
+/// kernels cannot run. Queries the device once.
+/// @param shape M, N, K
+StreamKPlan gemm_bf16_hopper_stream_k_plan(GemmShape shape);
 
 /// Measured alternatives to a ladder step, for the benchmark's tuning rows (KC_TUNE=1) and tests.
 enum class HopperTuning {

@@ -166,7 +166,8 @@ TileConfig tile_of(HopperStep step, detail::Step6Kernel kernel) {
     case detail::Step6Kernel::box_ring:
     case detail::Step6Kernel::held_stage:
     case detail::Step6Kernel::held_stage_late:
-    case detail::Step6Kernel::stage_only: break;
+    case detail::Step6Kernel::stage_only:
+    case detail::Step6Kernel::stream_k: break;
   }
   return kStep6Tile;
 }
@@ -182,7 +183,8 @@ namespace {
 // The launch path of every step, of step 6's measured alternatives and of `after` (@p kernel picks
 // step 6's variant; the other steps have one).
 void launch_gemm(HopperStep step, detail::Step6Kernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                 __nv_bfloat16* c, GemmShape shape, cudaStream_t stream) {
+                 __nv_bfloat16* c, GemmShape shape, cudaStream_t stream, void* workspace = nullptr,
+                 std::size_t workspace_bytes = 0) {
   // 1. Everything the host can check, before any CUDA call: the shape and pointer rules, and the maps
   // of the tile this launch runs on.
   validate_gemm_bf16_hopper(a, w, c, shape, step);
@@ -195,6 +197,9 @@ void launch_gemm(HopperStep step, detail::Step6Kernel kernel, const __nv_bfloat1
   }
   const DeviceFacts device = current_device_facts();
   if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
+  if (kernel == detail::Step6Kernel::stream_k) {
+    validate_hopper_workspace(a, w, c, shape, workspace, workspace_bytes, hopper_workspace_bytes(device.sms));
+  }
   const TileConfig tile = tile_of(step, kernel);
   if (tile.smem_bytes() > device.smem_per_block_optin) {
     throw UnsupportedGpu(std::string(to_string(step)) + " needs " + std::to_string(tile.smem_bytes()) +
@@ -206,17 +211,19 @@ void launch_gemm(HopperStep step, detail::Step6Kernel kernel, const __nv_bfloat1
   const CUtensorMap a_map = encode_tensor_map(maps.a, "a");
   const CUtensorMap w_map = encode_tensor_map(maps.w, "w");
   const auto n = static_cast<int>(shape.n);
-  const detail::Output out{c,
-                           static_cast<int>(shape.m),
-                           n,
-                           static_cast<int>(shape.k),
-                           static_cast<int>(ceil_div(shape.m, tile.block_m)),
-                           static_cast<int>(ceil_div(shape.n, tile.block_n)),
-                           n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0,
-                           tile.c_staging && c_tma_storable(c, shape)};
+  detail::Output out{c,
+                     static_cast<int>(shape.m),
+                     n,
+                     static_cast<int>(shape.k),
+                     static_cast<int>(ceil_div(shape.m, tile.block_m)),
+                     static_cast<int>(ceil_div(shape.n, tile.block_n)),
+                     n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0,
+                     tile.c_staging && c_tma_storable(c, shape)};
   const auto tiles = static_cast<int>(static_cast<std::int64_t>(out.tiles_m) * out.tiles_n);
   // Step 6's C map, only when its stores can use it (otherwise the kernel stores from registers).
   const CUtensorMap c_map = out.tma_store ? encode_tensor_map(c_store_map(c, shape), "c") : CUtensorMap{};
+  out.workspace = workspace;
+  out.workspace_bytes = workspace_bytes;
   switch (step) {
     case HopperStep::tma_wgmma: detail::launch_step1(a_map, w_map, out, tiles, stream); break;
     case HopperStep::pipeline: detail::launch_step2(a_map, w_map, out, tiles, stream); break;
@@ -273,6 +280,56 @@ void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const 
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                       cudaStream_t stream) {
   launch_gemm(kAfterStep, detail::Step6Kernel::dependent_launch, a, w, c, shape, stream);
+}
+
+std::size_t hopper_workspace_bytes(int sms) {
+  if (sms < 2) throw InvalidArgument("sms (" + std::to_string(sms) + ") must be at least 2 (one cluster of two)");
+  const int clusters = sms / 2;
+  if (clusters > detail::StreamKWorkspace::kMaxClusters) {
+    throw InvalidArgument("sms (" + std::to_string(sms) + ") must be at most " +
+                          std::to_string(2 * detail::StreamKWorkspace::kMaxClusters) +
+                          " (the workspace's flag region has room for that many clusters)");
+  }
+  return detail::StreamKWorkspace::bytes(clusters);
+}
+
+std::size_t gemm_bf16_hopper_workspace_bytes() { return hopper_workspace_bytes(current_device_facts().sms); }
+
+void validate_hopper_workspace(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape,
+                               const void* workspace, std::size_t workspace_bytes, std::size_t required_bytes) {
+  if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
+    throw InvalidArgument("workspace must be 16-byte aligned (its partial tiles are read as float4)");
+  }
+  if (workspace_bytes < required_bytes) {
+    throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) + ") must be at least " +
+                          std::to_string(required_bytes) + " (gemm_bf16_hopper_workspace_bytes())");
+  }
+  const auto bytes_of = [](std::int64_t rows, std::int64_t cols) {
+    return static_cast<std::uint64_t>(rows * cols) * 2;
+  };
+  if (overlaps(workspace, workspace_bytes, a, bytes_of(shape.m, shape.k)) ||
+      overlaps(workspace, workspace_bytes, w, bytes_of(shape.n, shape.k)) ||
+      overlaps(workspace, workspace_bytes, c, bytes_of(shape.m, shape.n))) {
+    throw InvalidArgument("workspace must not overlap a, w or c");
+  }
+}
+
+StreamKPlan gemm_bf16_hopper_stream_k_plan(GemmShape shape) {
+  ch02::validate_gemm_shape(shape);
+  if (!detail::kernels_built()) throw UnsupportedGpu("Chapter 7 was built without sm_90a kernels");
+  const DeviceFacts device = current_device_facts();
+  if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
+  const auto tiles_m = static_cast<int>(ceil_div(shape.m, kStep6Tile.block_m));
+  const auto tiles_n = static_cast<int>(ceil_div(shape.n, kStep6Tile.block_n));
+  const int grid = cluster_grid(tiles_m, tiles_n, kStep6Tile.cluster_m, detail::stream_k_resident_clusters());
+  return stream_k_plan(cluster_tile_count(tiles_m, tiles_n, kStep6Tile.cluster_m), grid / kStep6Tile.cluster_m,
+                       static_cast<int>(ceil_div(shape.k, kBlockK)));
+}
+
+void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                      void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  launch_gemm(kAfterStep, detail::Step6Kernel::stream_k, a, w, c, shape, stream, workspace, workspace_bytes);
 }
 
 }  // namespace kc::ch07

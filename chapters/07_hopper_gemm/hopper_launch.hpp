@@ -8,6 +8,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
+#include "hopper_tiles.hpp"
+
 namespace kc::ch07::detail {
 
 /// The output side of a launch: where C is, its size, and whether two adjacent bf16 can be stored as
@@ -21,6 +26,31 @@ struct Output {
   int tiles_n;             ///< tiles per row of C (ceil(n / block_n))
   bool paired_stores;      ///< store bf16 pairs as 4-byte words
   bool tma_store = false;  ///< step 6: store C through TMA (N a multiple of 8, c 16-byte aligned)
+  /// Stream-K (`after` with a workspace): the workspace, split by stream_k_workspace_layout. The
+  /// launcher fills in the plan once it knows the grid; null: every tile whole.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;  ///< its size
+  StreamKPlan stream_k{};           ///< set by the launcher
+};
+
+/// Where Stream-K's flags and partial tiles lie in a workspace: for each cluster, CTA rank and
+/// consumer warpgroup, one flag (int32, 0 when no partial is waiting) and one 64 × 256 fp32 partial
+/// (64 KiB). The flags come first, in a region of fixed size, so that a flag is always at the same
+/// place whatever the grid: every launch leaves them all 0 for the next.
+struct StreamKWorkspace {
+  static constexpr int kMaxClusters = 256;                 ///< clusters the flag region has room for
+  static constexpr int kPerCluster = 4;                    ///< partials (and flags) per cluster: 2 CTAs × 2 consumers
+  static constexpr std::size_t kPartialFloats = 64 * 256;  ///< one consumer's accumulators
+  /// Bytes of the flag region (a multiple of 16: the partials after it stay float4-aligned).
+  static constexpr std::size_t kFlagBytes = kMaxClusters * kPerCluster * sizeof(std::int32_t);
+  /// Bytes for a launch of @p clusters clusters (at most kMaxClusters).
+  static constexpr std::size_t bytes(int clusters) {
+    return kFlagBytes + static_cast<std::size_t>(clusters) * kPerCluster * kPartialFloats * sizeof(float);
+  }
+  /// Index of the flag and partial of cluster @p cluster, CTA @p rank, consumer @p consumer.
+  __host__ __device__ static constexpr int index(int cluster, int rank, int consumer) {
+    return (cluster * 2 + rank) * 2 + consumer;
+  }
 };
 
 /// Step 1's launcher (step1_tma_wgmma.cu). Each launcher raises its kernel's shared-memory limit on first use per
@@ -58,6 +88,7 @@ enum class Step6Kernel {
   held_stage,        ///< `after` staging the whole tile, half of it in the held last pipeline stage
   held_stage_late,   ///< the same, the held stage released one slice later
   stage_only,        ///< `after`'s epilogue without its stores: a measurement, C is not written
+  stream_k,          ///< `after` with Stream-K on the last round (needs out.workspace)
 };
 
 /// Step 6's launcher (step6_tma_store.cu): like launch_step5, with the TMA-store epilogue, which
@@ -65,6 +96,10 @@ enum class Step6Kernel {
 /// variant (out's tile counts and the maps' boxes must be that variant's tile).
 void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                   const Output& out, int tiles, cudaStream_t stream);
+
+/// Clusters of the Stream-K kernel the current GPU holds at once: the grid of its launches
+/// (step6_tma_store.cu; queried once per device).
+int stream_k_resident_clusters();
 
 /// True in the build with kernels, false in the stub build.
 bool kernels_built();

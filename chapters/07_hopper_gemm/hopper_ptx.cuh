@@ -78,6 +78,24 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, std::uint32_t 
   } while (done == 0);
 }
 
+// ------------------------------------------------------------------------------- Stream-K's flags (global)
+
+/// Raises the flag at @p flag (global memory) for another CTA of the grid: release at GPU scope, so a
+/// thread that sees it (flag_acquire_wait) also sees every write this thread's CTA made before it
+/// (the caller passes a barrier of the writing threads first).
+__device__ __forceinline__ void flag_release(std::int32_t* flag) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(flag) : "memory");
+}
+
+/// Waits until the flag at @p flag is up, with acquire semantics at GPU scope: the writes made
+/// before flag_release are visible to this thread (and, after a barrier, to its CTA).
+__device__ __forceinline__ void flag_acquire_wait(const std::int32_t* flag) {
+  std::int32_t up = 0;
+  do {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(up) : "l"(flag) : "memory");
+  } while (up == 0);
+}
+
 // ----------------------------------------------------------------------------------------------- TMA
 
 /// Brings the tensor map @p map (a __grid_constant__ kernel parameter) into the TMA unit's descriptor

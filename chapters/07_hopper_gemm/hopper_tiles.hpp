@@ -248,6 +248,90 @@ __host__ __device__ constexpr int cluster_stage_bytes(TileConfig t, bool has_row
   return bytes;
 }
 
+// ------------------------------------------------------------------------------------------------
+// Stream-K on the last round (Chapter 6's idea, on Hopper). A persistent grid of C clusters takes T
+// cluster tiles round-robin: ceil(T / C) rounds, and when T % C = R is not 0 the last round keeps
+// only R clusters busy. Stream-K keeps the first T - R tiles whole (the full rounds) and shares the
+// R last tiles' slices out evenly: each cluster takes ceil(R · k_tiles / C) slices at most instead
+// of a whole tile's k_tiles. A tile split between clusters is summed in fp32: every piece but the
+// one holding its last slice stores its accumulators as a partial tile, and the cluster holding the
+// last slice (the tile's owner) adds them to its own and writes C.
+//
+// Each cluster takes its share in decreasing tile order. With R < C a share spans at most two tiles:
+// the head of tile j + 1 (stored as a partial at once) and then the tail of tile j, which the
+// cluster owns. So an owner comes to its tile last, after the clusters before it stored their
+// pieces of that tile first: it rarely waits, and each cluster stores at most one partial.
+
+/// The split of a persistent cluster launch into whole tiles and Stream-K tiles.
+struct StreamKPlan {
+  int whole_tiles = 0;  ///< cluster tiles [0, whole_tiles) are taken whole, round-robin
+  int split_tiles = 0;  ///< cluster tiles [whole_tiles, whole_tiles + split_tiles) are shared out by slice
+  int clusters = 1;     ///< clusters of the launch
+  int k_tiles = 1;      ///< slices of one tile
+
+  /// All slices of the split tiles, tile after tile.
+  __host__ __device__ constexpr std::int64_t split_slices() const {
+    return static_cast<std::int64_t>(split_tiles) * k_tiles;
+  }
+  /// The first of the split slices cluster @p c takes (@p c = clusters gives the end): an even share.
+  __host__ __device__ constexpr std::int64_t share_begin(int c) const { return split_slices() * c / clusters; }
+  /// The cluster whose share holds split slice @p slice: the largest c with share_begin(c) <= slice.
+  __host__ __device__ constexpr int cluster_of_slice(std::int64_t slice) const {
+    return static_cast<int>(((slice + 1) * clusters + split_slices() - 1) / split_slices() - 1);
+  }
+};
+
+/// Slices a split must save on the busiest cluster (against a whole tile) to be worth its partial
+/// tiles: below this the partial store and the owner's reads cost about what they save.
+inline constexpr int kStreamKMinSavedSlices = 4;
+
+/// The plan for @p cluster_tiles cluster tiles of @p k_tiles slices on @p clusters clusters: Stream-K
+/// on the last round when there are more tiles than clusters, the last round is not full, and the
+/// busiest cluster's share is at least kStreamKMinSavedSlices slices less than a tile, and every
+/// cluster's share holds at least one slice (so every cluster from a split tile's first to its owner
+/// stored a piece of it); otherwise every tile whole (split_tiles = 0).
+__host__ __device__ constexpr StreamKPlan stream_k_plan(std::int64_t cluster_tiles, int clusters, int k_tiles) {
+  StreamKPlan plan{static_cast<int>(cluster_tiles), 0, clusters, k_tiles};
+  const auto remainder = static_cast<int>(cluster_tiles % clusters);
+  if (cluster_tiles <= clusters || remainder == 0) return plan;
+  const std::int64_t largest_share = (static_cast<std::int64_t>(remainder) * k_tiles + clusters - 1) / clusters;
+  if (k_tiles - largest_share < kStreamKMinSavedSlices) return plan;
+  if (static_cast<std::int64_t>(remainder) * k_tiles < clusters) return plan;  // some share would be empty
+  plan.whole_tiles = static_cast<int>(cluster_tiles) - remainder;
+  plan.split_tiles = remainder;
+  return plan;
+}
+
+/// One piece of a split tile: slices [k_begin, k_end) of split tile `tile` (0-based among the split
+/// tiles). It is the tile's owner's piece when k_end is the tile's last slice + 1.
+struct StreamKPiece {
+  int tile = 0;     ///< the split tile (cluster tile whole_tiles + tile)
+  int k_begin = 0;  ///< first slice
+  int k_end = 0;    ///< one past the last slice (k_begin = k_end: no piece)
+};
+
+/// The pieces of cluster @p cluster's share, in the order it takes them (decreasing tile): piece
+/// @p index (0 or 1), or an empty piece when the share has fewer. A share of at most a tile's slices
+/// (the plan's R < C guarantees it) has at most two.
+__host__ __device__ constexpr StreamKPiece stream_k_piece(const StreamKPlan& plan, int cluster, int index) {
+  const std::int64_t begin = plan.share_begin(cluster), end = plan.share_begin(cluster + 1);
+  if (begin == end) return {};
+  const auto k = static_cast<std::int64_t>(plan.k_tiles);
+  const auto last_tile = static_cast<int>((end - 1) / k), first_tile = static_cast<int>(begin / k);
+  const int tile = last_tile - index;
+  if (tile < first_tile) return {};
+  const std::int64_t tile_begin = tile * k;
+  const std::int64_t from = begin > tile_begin ? begin : tile_begin;
+  const std::int64_t to = end < tile_begin + k ? end : tile_begin + k;
+  return {tile, static_cast<int>(from - tile_begin), static_cast<int>(to - tile_begin)};
+}
+
+/// The first cluster holding a slice of split tile @p tile; its owner is cluster_of_slice of its last
+/// slice. The clusters from the first up to the owner, those with a non-empty share, hold its pieces.
+__host__ __device__ constexpr int stream_k_first_cluster(const StreamKPlan& plan, int tile) {
+  return plan.cluster_of_slice(static_cast<std::int64_t>(tile) * plan.k_tiles);
+}
+
 /// Where a pipeline is: the stage the next slice uses and the parity of that stage's current round.
 /// Steps 4 and 5 keep one of these per role for the whole kernel, across tiles: the ring of stages
 /// does not restart at a tile boundary, so the producer can fill stages for the next tile while the

@@ -13,6 +13,7 @@ namespace {
 }  // namespace
 
 bool kernels_built() { return false; }
+int stream_k_resident_clusters() { unavailable(); }
 void launch_step1(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }
 void launch_step2(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }
 void launch_step3(const CUtensorMap&, const CUtensorMap&, const Output&, int, cudaStream_t) { unavailable(); }

@@ -69,8 +69,11 @@ void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMa
     case Step6Kernel::held_stage_late:
       launch_cluster_gemm<Step6HeldStageLateCluster>(a_map, w_map, c_map, out, stream);
       return;
+    case Step6Kernel::stream_k: launch_cluster_gemm<Step6StreamKCluster>(a_map, w_map, c_map, out, stream); return;
     case Step6Kernel::stage_only: launch_cluster_gemm<Step6StageOnlyCluster>(a_map, w_map, c_map, out, stream); return;
   }
 }
+
+int stream_k_resident_clusters() { return resident_clusters<Step6StreamKCluster>(); }
 
 }  // namespace kc::ch07::detail
