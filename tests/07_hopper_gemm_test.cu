@@ -653,12 +653,15 @@ TEST(HopperStreamK, PlanRule) {
     EXPECT_EQ(p.whole_tiles, whole);
     EXPECT_EQ(p.split_tiles, split);
   };
-  expect_plan(stream_k_plan(256, 66, 64), 198, 58);    // 4096³: 3.88 rounds, 58 tiles shared by 66 clusters
+  expect_plan(stream_k_plan(256, 66, 64), 256, 0);     // 4096³: the last round 58 / 66 full, not split
+  expect_plan(stream_k_plan(576, 66, 96), 528, 48);    // 6144³: 48 / 66, split
   expect_plan(stream_k_plan(1024, 66, 128), 990, 34);  // 8192³
   expect_plan(stream_k_plan(896, 66, 32), 858, 38);    // 8192 × 7168 × 2048
   expect_plan(stream_k_plan(64, 66, 32), 64, 0);       // 2048³: one round, not even full
   expect_plan(stream_k_plan(132, 66, 64), 132, 0);     // two full rounds
-  expect_plan(stream_k_plan(131, 66, 64), 131, 0);     // 65 of 66: a share of 64 slices saves nothing
+  expect_plan(stream_k_plan(131, 66, 64), 131, 0);     // 65 of 66: too full (and a share would save nothing)
+  expect_plan(stream_k_plan(115, 66, 64), 66, 49);     // 49 of 66: the fullest last round split
+  expect_plan(stream_k_plan(116, 66, 64), 116, 0);     // 50 of 66: over 3 / 4
   expect_plan(stream_k_plan(67, 66, 64), 67, 0);       // 64 slices for 66 clusters: shares would be empty
   expect_plan(stream_k_plan(67, 66, 200), 66, 1);      // 200 slices for 66 clusters, none empty
   expect_plan(stream_k_plan(67, 66, 8), 67, 0);        // 8 slices for 66 clusters: shares would be empty
@@ -778,7 +781,8 @@ Launch step_launch(HopperStep step) {
   };
 }
 
-Launch after_launch() {
+// gemm_bf16_hopper without a workspace: every tile whole.
+Launch whole_tiles_launch() {
   return [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
     kc::ch07::gemm_bf16_hopper(a, w, c, s, q);
   };
@@ -795,7 +799,8 @@ kc::DeviceBuffer<unsigned char>& stream_k_workspace() {
   return workspace;
 }
 
-Launch stream_k_launch() {
+// `after`: gemm_bf16_hopper with its workspace (Stream-K where the plan splits the last round).
+Launch after_launch() {
   return [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
     kc::DeviceBuffer<unsigned char>& workspace = stream_k_workspace();
     kc::ch07::gemm_bf16_hopper(a, w, c, s, workspace.data(), workspace.size(), q);
@@ -813,7 +818,7 @@ std::vector<std::pair<std::string, Launch>> every_launch() {
   std::vector<std::pair<std::string, Launch>> launches;
   for (HopperStep step : kSteps) launches.emplace_back(kc::ch07::to_string(step), step_launch(step));
   launches.emplace_back("after", after_launch());
-  launches.emplace_back("after_stream_k", stream_k_launch());
+  launches.emplace_back("whole_tiles", whole_tiles_launch());
   for (auto tuning : kTunings) {
     launches.emplace_back(kc::ch07::to_string(tuning), tuning_launch(tuning));
   }
@@ -1028,6 +1033,7 @@ TEST_F(HopperGpuTest, AfterWaitsForThePreviousKernel) {
     kc::ch07::gemm_bf16_hopper_step(HopperStep::tma_store, a, w, c, s);
     kc::check(cudaDeviceSynchronize());
   };
+  const Launch after = after_launch();  // none of these shapes splits its last round: whole tiles, as step 6
   const auto elements = [](GemmShape s) { return static_cast<std::size_t>(s.m * s.n); };
   const auto same_bits = [](const kc::DeviceBuffer<bf16>& got, const kc::DeviceBuffer<bf16>& want) {
     const std::vector<bf16> g = got.to_host(), w = want.to_host();
@@ -1043,8 +1049,8 @@ TEST_F(HopperGpuTest, AfterWaitsForThePreviousKernel) {
     x.fill_bytes(kc::test::kPoisonByte);
     y.fill_bytes(kc::test::kPoisonByte);
     kc::check(cudaDeviceSynchronize());
-    kc::ch07::gemm_bf16_hopper(a.data(), w1.data(), x.data(), first);
-    kc::ch07::gemm_bf16_hopper(x.data(), w2.data(), y.data(), chained);
+    after(a.data(), w1.data(), x.data(), first, nullptr);
+    after(x.data(), w2.data(), y.data(), chained, nullptr);
     kc::check(cudaDeviceSynchronize());
     EXPECT_TRUE(same_bits(x, x_want)) << "X = A·W1ᵀ differs from step 6";
     EXPECT_TRUE(same_bits(y, y_want)) << "Y = X·W2ᵀ read X before the launch writing it had finished";
@@ -1057,8 +1063,8 @@ TEST_F(HopperGpuTest, AfterWaitsForThePreviousKernel) {
     kc::DeviceBuffer<bf16> x(elements(first));
     x.fill_bytes(kc::test::kPoisonByte);
     kc::check(cudaDeviceSynchronize());
-    kc::ch07::gemm_bf16_hopper(a.data(), w1.data(), x.data(), first);
-    kc::ch07::gemm_bf16_hopper(b.data(), v.data(), a.data(), overwrite);
+    after(a.data(), w1.data(), x.data(), first, nullptr);
+    after(b.data(), v.data(), a.data(), overwrite, nullptr);
     kc::check(cudaDeviceSynchronize());
     EXPECT_TRUE(same_bits(x, x_want)) << "X = A·W1ᵀ read an A that the next launch had overwritten";
     EXPECT_TRUE(same_bits(a, a_want)) << "A = B·Vᵀ differs from step 6";
@@ -1098,12 +1104,12 @@ const GemmShape kSplitShapes[] = {{2304, 2048, 1024}, {2100, 2044, 1032}, {2100,
 TEST_F(HopperGpuTest, StreamKMatchesReference) {
   for (const GemmShape s : kSplitShapes) {
     ASSERT_GT(kc::ch07::gemm_bf16_hopper_stream_k_plan(s).split_tiles, 0) << shape_name(s) << " must split here";
-    check_launch("after_stream_k", stream_k_launch(), s, false);
+    check_launch("after", after_launch(), s, false);
   }
   if (kc::test::small_tests_only()) return;  // KC_SMALL_TESTS: no large shapes
-  for (const GemmShape s : {GemmShape{4096, 4096, 4096}, GemmShape{8192, 7168, 2048}}) {
+  for (const GemmShape s : {GemmShape{6144, 6144, 6144}, GemmShape{8192, 7168, 2048}}) {
     ASSERT_GT(kc::ch07::gemm_bf16_hopper_stream_k_plan(s).split_tiles, 0) << shape_name(s) << " must split here";
-    check_launch("after_stream_k", stream_k_launch(), s, true);
+    check_launch("after", after_launch(), s, true);
   }
 }
 
@@ -1114,7 +1120,7 @@ TEST_F(HopperGpuTest, StreamKRepeatsAndLeavesItsFlagsDown) {
   const Inputs in = random_inputs(s, kc::test::test_seed());
   kc::DeviceBuffer<bf16> a(in.a), w(in.w);
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n));
-  const Launch launch = stream_k_launch();
+  const Launch launch = after_launch();
   const auto flags_down = [] {
     std::vector<std::int32_t> flags(kc::ch07::detail::StreamKWorkspace::kFlagBytes / sizeof(std::int32_t));
     kc::check(cudaMemcpy(flags.data(), stream_k_workspace().data(), flags.size() * sizeof(std::int32_t),

@@ -281,12 +281,20 @@ struct StreamKPlan {
   }
 };
 
+/// The fullest last round worth splitting, as a fraction: remainder / clusters at most 3 / 4. Measured
+/// (docs/notes/ch07.md): with 58 of 66 clusters busy in the last round (4096³) the split lost 3 %;
+/// at 48 of 66 (6144³) and 34 of 66 (8192³) it won 1-2 %. A nearly full last round costs less than
+/// its idle share suggests: the GPU runs power-limited, and the busy SMs clock higher while some idle.
+inline constexpr int kStreamKMaxFillNumerator = 3;
+inline constexpr int kStreamKMaxFillDenominator = 4;  ///< see kStreamKMaxFillNumerator
+
 /// Slices a split must save on the busiest cluster (against a whole tile) to be worth its partial
 /// tiles: below this the partial store and the owner's reads cost about what they save.
 inline constexpr int kStreamKMinSavedSlices = 4;
 
 /// The plan for @p cluster_tiles cluster tiles of @p k_tiles slices on @p clusters clusters: Stream-K
-/// on the last round when there are more tiles than clusters, the last round is not full, and the
+/// on the last round when there are more tiles than clusters, the last round is at most 3 / 4 full
+/// (kStreamKMaxFillNumerator), and the
 /// busiest cluster's share is at least kStreamKMinSavedSlices slices less than a tile, and every
 /// cluster's share holds at least one slice (so every cluster from a split tile's first to its owner
 /// stored a piece of it); otherwise every tile whole (split_tiles = 0).
@@ -294,6 +302,7 @@ __host__ __device__ constexpr StreamKPlan stream_k_plan(std::int64_t cluster_til
   StreamKPlan plan{static_cast<int>(cluster_tiles), 0, clusters, k_tiles};
   const auto remainder = static_cast<int>(cluster_tiles % clusters);
   if (cluster_tiles <= clusters || remainder == 0) return plan;
+  if (kStreamKMaxFillDenominator * remainder > kStreamKMaxFillNumerator * clusters) return plan;
   const std::int64_t largest_share = (static_cast<std::int64_t>(remainder) * k_tiles + clusters - 1) / clusters;
   if (k_tiles - largest_share < kStreamKMinSavedSlices) return plan;
   if (static_cast<std::int64_t>(remainder) * k_tiles < clusters) return plan;  // some share would be empty

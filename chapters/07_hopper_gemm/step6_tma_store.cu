@@ -69,7 +69,21 @@ void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMa
     case Step6Kernel::held_stage_late:
       launch_cluster_gemm<Step6HeldStageLateCluster>(a_map, w_map, c_map, out, stream);
       return;
-    case Step6Kernel::stream_k: launch_cluster_gemm<Step6StreamKCluster>(a_map, w_map, c_map, out, stream); return;
+    case Step6Kernel::stream_k: {
+      // Where the plan splits nothing, `after` is the whole-tile kernel itself (the same code, so the
+      // same time as without a workspace).
+      const int clusters =
+          cluster_grid(out.tiles_m, out.tiles_n, kStep6Tile.cluster_m, resident_clusters<Step6StreamKCluster>()) /
+          kStep6Tile.cluster_m;
+      const StreamKPlan plan = stream_k_plan(cluster_tile_count(out.tiles_m, out.tiles_n, kStep6Tile.cluster_m),
+                                             clusters, (out.k + kBlockK - 1) / kBlockK);
+      if (plan.split_tiles == 0) {
+        launch_cluster_gemm<Step6DependentLaunchCluster>(a_map, w_map, c_map, out, stream);
+      } else {
+        launch_cluster_gemm<Step6StreamKCluster>(a_map, w_map, c_map, out, stream);
+      }
+      return;
+    }
     case Step6Kernel::stage_only: launch_cluster_gemm<Step6StageOnlyCluster>(a_map, w_map, c_map, out, stream); return;
   }
 }
