@@ -17,7 +17,9 @@
 ///                                 per cluster and multicast to both CTAs.
 ///   6. step6_tma_store.cu         step 5 with a TMA-store epilogue: C staged in shared memory with
 ///                                 stmatrix and written by TMA while the next tile's math runs.
-/// Step 6 is the chapter's `after`.
+/// The chapter's `after` is step 6's kernel as a programmatic dependent launch, with Stream-K on the
+/// last round where that round is at most three quarters full (gemm_bf16_hopper with a workspace).
+/// Without a workspace, gemm_bf16_hopper is step 6 as a dependent launch, every tile whole.
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):
 ///   - every dimension of @p shape in [1, 2^31 - 1] (Chapter 2's validate_gemm_shape);
@@ -128,8 +130,8 @@ bool c_tma_storable(const __nv_bfloat16* c, GemmShape shape);
 /// layout each consumer warpgroup stages its accumulators in. Host-only arithmetic (see operand_maps).
 TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape);
 
-/// C = A · Wᵀ with the chapter's final kernel: step 6's, launched as a programmatic dependent of the
-/// previous kernel in @p stream. Its blocks set up their barriers and cluster while that kernel's
+/// C = A · Wᵀ with step 6's kernel, every tile whole, launched as a programmatic dependent of the
+/// previous kernel in @p stream (the chapter's `after` adds a workspace: the overload below). Its blocks set up their barriers and cluster while that kernel's
 /// last tiles finish, then wait for it (griddepcontrol.wait) before any load or store; with an
 /// ordinary kernel before it, it behaves exactly like step 6.
 /// @param a [M, K] row-major, 16-byte aligned

@@ -283,8 +283,9 @@ struct StreamKPlan {
 
 /// The fullest last round worth splitting, as a fraction: remainder / clusters at most 3 / 4. Measured
 /// (docs/notes/ch07.md): with 58 of 66 clusters busy in the last round (4096³) the split lost 3 %;
-/// at 48 of 66 (6144³) and 34 of 66 (8192³) it won 1-2 %. A nearly full last round costs less than
-/// its idle share suggests: the GPU runs power-limited, and the busy SMs clock higher while some idle.
+/// at 34 of 66 (8192³) it won in every run, at 48 of 66 (6144³) in two runs of three. A nearly full
+/// last round costs less than its idle share suggests: the GPU runs power-limited, and the busy SMs
+/// clock higher while some idle (a reading, not measured directly).
 inline constexpr int kStreamKMaxFillNumerator = 3;
 inline constexpr int kStreamKMaxFillDenominator = 4;  ///< see kStreamKMaxFillNumerator
 
