@@ -131,9 +131,10 @@ bool c_tma_storable(const __nv_bfloat16* c, GemmShape shape);
 TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape);
 
 /// C = A · Wᵀ with step 6's kernel, every tile whole, launched as a programmatic dependent of the
-/// previous kernel in @p stream (the chapter's `after` adds a workspace: the overload below). Its blocks set up their barriers and cluster while that kernel's
-/// last tiles finish, then wait for it (griddepcontrol.wait) before any load or store; with an
-/// ordinary kernel before it, it behaves exactly like step 6.
+/// previous kernel in @p stream (the chapter's `after` adds a workspace: the overload below). Its
+/// blocks set up their barriers and cluster while that kernel's last tiles finish, then wait for it
+/// (griddepcontrol.wait) before any load or store; with an ordinary kernel before it, it behaves
+/// exactly like step 6.
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned
 /// @param c [M, N] row-major output, 2-byte aligned
