@@ -50,6 +50,7 @@ enum class Variant {
   persistent_static,
   persistent_dynamic,
   split_k_tail,
+  split_k_tail_unclaimed,  // KC_TUNE: split-K with block b taking tail unit b (no claiming)
   stream_k,
   cublas_loop,
   cublas_grouped
@@ -76,9 +77,12 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   if (variant == Variant::cublas_grouped) {
     grouped = std::make_unique<kc::ch05::CublasGroupedGemm>(s, a.data(), w.data(), c.data(), host_offsets);
   }
-  auto persistent = [&](Scheduler scheduler) {
+  auto persistent = [&](Scheduler scheduler, bool claim_tail = true) {
+    kc::ch06::PersistentOptions options;
+    options.scheduler = scheduler;
+    options.split_k_claim_tail = claim_tail;
     kc::ch06::grouped_gemm_persistent(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                      workspace.size(), {scheduler}, stream);
+                                      workspace.size(), options, stream);
   };
   auto launch = [&] {
     switch (variant) {
@@ -89,6 +93,7 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
       case Variant::persistent_static: persistent(Scheduler::static_round_robin); break;
       case Variant::persistent_dynamic: persistent(Scheduler::dynamic_atomic); break;
       case Variant::split_k_tail: persistent(Scheduler::split_k_tail); break;
+      case Variant::split_k_tail_unclaimed: persistent(Scheduler::split_k_tail, false); break;
       case Variant::stream_k: persistent(Scheduler::stream_k); break;
       case Variant::cublas_loop:
         kc::ch05::cublas_grouped_loop(cublas, s, a.data(), w.data(), c.data(), host_offsets, stream);
@@ -133,6 +138,19 @@ void register_contention_probe() {
 void register_benchmarks(const kc::DeviceInfo& device) {
   if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
     register_contention_probe();
+    // The tail cases: split-K with the tail claimed by the blocks done first, against block b taking
+    // tail unit b, Stream-K and Chapter 5's kernel.
+    for (const BenchCase& cs : kc::ch06::benchmark_cases()) {
+      if (cs.label.rfind("tail_", 0) != 0) continue;
+      for (const auto& [name, variant] :
+           {std::pair{"before", Variant::before}, std::pair{"split_k", Variant::split_k_tail},
+            std::pair{"split_k_unclaimed", Variant::split_k_tail_unclaimed},
+            std::pair{"stream_k", Variant::stream_k}}) {
+        const std::string label = "ch06/tune_tail_" + std::string(name) + "/" + cs.label;
+        kc::bench::configure(benchmark::RegisterBenchmark(
+            label.c_str(), [cs, variant = variant](benchmark::State& st) { bench_case(st, cs, variant); }));
+      }
+    }
     return;
   }
   const std::vector<BenchCase> all = kc::ch06::benchmark_cases();

@@ -349,7 +349,7 @@ bool splits_k(Scheduler s) { return s == Scheduler::stream_k || s == Scheduler::
 
 // Runs Chapter 5's kernel (scheduler == nullptr) or the persistent one into a poisoned, guarded C.
 std::vector<bf16> run_path(const Problem& p, const Scheduler* scheduler, std::size_t* guard_damage = nullptr,
-                           int max_tail_percent = kc::ch06::kDefaultMaxTailPercent) {
+                           int max_tail_percent = kc::ch06::kDefaultMaxTailPercent, bool claim_tail = true) {
   kc::DeviceBuffer<bf16> a(p.a), w(p.w);
   kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
@@ -359,7 +359,8 @@ std::vector<bf16> run_path(const Problem& p, const Scheduler* scheduler, std::si
   } else {
     kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
     kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                      workspace.size(), {*scheduler, kc::ch05::kDefaultGroupM, max_tail_percent});
+                                      workspace.size(),
+                                      {*scheduler, kc::ch05::kDefaultGroupM, max_tail_percent, claim_tail});
   }
   kc::check(cudaDeviceSynchronize());
   if (guard_damage != nullptr) *guard_damage = c.guard_damage();
@@ -420,6 +421,19 @@ TEST_F(PersistentGpu, TailCaseMatchesChapter5) {
     expect_matches_fp64(p, got, 11);
     kc::test::expect_close(kc::compare<bf16>(got, chapter5_d, kc::test::kPoisonByte), kTolerance, "vs Chapter 5");
   }
+}
+
+// Split-K's tail, claimed by whichever blocks finish their whole tiles first or taken by block b for
+// unit b: the same units, partials and order of sums, so the same bits (the tail case above, where
+// the grid has more blocks than the tail has units on an H200, so some blocks take none).
+TEST_F(PersistentGpu, ClaimingTheSplitKTailChangesNoBit) {
+  if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
+  const Problem p = random_problem({384, 384, 384, 384}, 2048, 1024, kc::test::test_seed());
+  const Scheduler split = Scheduler::split_k_tail;
+  const std::vector<bf16> claimed = run_path(p, &split, nullptr, 100, true);
+  const std::vector<bf16> unclaimed = run_path(p, &split, nullptr, 100, false);
+  expect_matches_fp64(p, claimed, 12);
+  EXPECT_EQ(std::memcmp(claimed.data(), unclaimed.data(), claimed.size() * sizeof(bf16)), 0);
 }
 
 TEST_F(PersistentGpu, AllExpertsEmpty) {

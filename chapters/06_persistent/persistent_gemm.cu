@@ -82,6 +82,7 @@ struct Problem {
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
+  bool claim_tail;  // split_k_tail: tail units claimed from counters[0] (PersistentOptions::split_k_claim_tail)
 };
 
 // Where linear tile `tile` lies: its expert's A rows and W, C's rows and columns.
@@ -163,11 +164,13 @@ __device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_t
   }
 }
 
+// One contributor's unit of a split tile. @p block is the plan's block the unit belongs to (its
+// partial slot and its place among the tile's contributors): blockIdx.x, or with claimed tail units
+// whichever plan block the claimed ticket names.
 template <class Cfg>
-__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles) {
+__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
   __shared__ int arrived_last;
   const TilePlace t = place_of(p, unit.tile, m_tiles);
-  const int block = static_cast<int>(blockIdx.x);
   const int sk_tile = unit.tile - plan.dp_tiles;
   float* mine = p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats;
   ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
@@ -213,13 +216,40 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
     const StreamKPlan plan = kScheduler == Scheduler::stream_k
                                  ? stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent)
                                  : split_k_tail_plan(tiles, k_tiles, grid, p.max_tail_percent);
+    if (kScheduler == Scheduler::split_k_tail && p.claim_tail) {
+      // Split-K, tail claimed: this block's whole tiles, then units of the tail in ticket order.
+      // Every plan block has exactly one tail unit (split_k_tail_plan), so ticket b names plan block
+      // b's unit; the blocks whose whole tiles finish first take the tail, and the slowest, when
+      // there are fewer units than blocks, take none.
+      const int whole = static_tile_count(plan.dp_tiles, grid, block);
+      for (int u = 0; u < whole; ++u) {
+        whole_tile<Cfg>(p, static_tile(grid, block, u), m_tiles);
+        __syncthreads();
+      }
+      __shared__ int claimed;
+      while (true) {
+        if (threadIdx.x == 0) claimed = atomicAdd(&p.counters[0], 1);
+        __syncthreads();
+        const int owner = claimed;
+        __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
+        if (owner >= plan.sk_blocks) break;
+        const WorkUnit unit = unit_of_block(plan, owner, static_tile_count(plan.dp_tiles, grid, owner));
+        if (is_whole(plan, unit)) {
+          whole_tile<Cfg>(p, unit.tile, m_tiles);
+        } else {
+          stream_k_unit<Cfg>(p, plan, unit, m_tiles, owner);
+        }
+        __syncthreads();
+      }
+      return;
+    }
     const int units = units_of_block(plan, block);
     for (int u = 0; u < units; ++u) {
       const WorkUnit unit = unit_of_block(plan, block, u);
       if (is_whole(plan, unit)) {
         whole_tile<Cfg>(p, unit.tile, m_tiles);
       } else {
-        stream_k_unit<Cfg>(p, plan, unit, m_tiles);
+        stream_k_unit<Cfg>(p, plan, unit, m_tiles, block);
       }
       __syncthreads();
     }
@@ -339,7 +369,7 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
                   ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m,
                   options.stream_k_max_tail_percent,
                   // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
-                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0};
+                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.split_k_claim_tail};
   if (limits.medium4) {
     launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
   } else {

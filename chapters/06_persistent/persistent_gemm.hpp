@@ -51,6 +51,10 @@ struct PersistentOptions {
   Scheduler scheduler = Scheduler::stream_k;               ///< the scheduler
   int group_m = ch05::kDefaultGroupM;                      ///< grouped order's band height, >= 1
   int stream_k_max_tail_percent = kDefaultMaxTailPercent;  ///< Stream-K only below this last-wave fill, [0, 100]
+  /// split_k_tail: the blocks claim the tail's units from a counter as they finish their whole
+  /// tiles (the blocks done first take them), instead of block b taking unit b. The units, their
+  /// partials and the sums are the same either way.
+  bool split_k_claim_tail = true;
 };
 
 /// Blocks of the persistent grid on the current device for @p scheduler: SMs × the kernel's
