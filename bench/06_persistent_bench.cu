@@ -87,6 +87,9 @@ void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& st
   summarise("whole_done", kc::ch06::kStampStart, kc::ch06::kStampWholeDone, true);
   summarise("claim_wait", kc::ch06::kStampWholeDone, kc::ch06::kStampClaimed, false);
   summarise("piece", kc::ch06::kStampClaimed, kc::ch06::kStampPieceDone, false);
+  summarise("piece_prologue", kc::ch06::kStampClaimed, kc::ch06::kStampFirstSlice, false);
+  summarise("piece_loop", kc::ch06::kStampFirstSlice, kc::ch06::kStampLoopDone, false);
+  summarise("piece_store", kc::ch06::kStampLoopDone, kc::ch06::kStampPieceDone, false);
   summarise("arrive", kc::ch06::kStampPieceDone, kc::ch06::kStampArrived, false);
   summarise("fix_up", kc::ch06::kStampArrived, kc::ch06::kStampFixUpDone, false);
   summarise("end", kc::ch06::kStampStart, kc::ch06::kStampEnd, true);

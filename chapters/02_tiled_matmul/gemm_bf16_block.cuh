@@ -507,6 +507,17 @@ struct Fp32Partial {
   static constexpr bool staged = false;       ///< stored from registers
   static constexpr bool fp32_partial = true;  ///< gemm_bf16_block_k_range writes fp32, not bf16
   float* partial;                             ///< [block_m, block_n] floats, 8-byte aligned
+  /// A measurement (Chapter 6's phase stamps), or null: thread 0 writes %globaltimer to [0] once
+  /// the first slice has landed and to [1] once the main loop is done (before the partial store).
+  std::uint64_t* stamps = nullptr;
+
+  /// Records point @p i (0 or 1) when stamps were asked for.
+  __device__ void stamp(int i) const {
+    if (stamps == nullptr || threadIdx.x != 0) return;
+    std::uint64_t now = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    stamps[i] = now;
+  }
 };
 
 /// True for epilogues that store unrounded fp32 partial tiles (Fp32Partial).
@@ -618,6 +629,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   }
   cp_async_wait<kPrologue - 1>();
   __syncthreads();
+  if constexpr (is_fp32_partial<Epilogue>) epilogue.stamp(0);
   load_fragments(0, 0, 0);
 
   int read_stage = 0;                                     // buffer holding slice kt
@@ -664,6 +676,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
     return;
   }
   if constexpr (is_fp32_partial<Epilogue>) {
+    epilogue.stamp(1);
     // The whole tile, unrounded: one 8-byte store per accumulator pair (rows past M hold zeros).
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {

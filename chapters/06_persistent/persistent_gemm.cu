@@ -182,8 +182,12 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
   const TilePlace t = place_of(p, unit.tile, m_tiles);
   const int sk_tile = unit.tile - plan.dp_tiles;
   float* mine = p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats;
-  ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
-                                            p.paired, Fp32Partial{mine}, unit.k_begin, unit.k_end);
+  ch02::block::gemm_bf16_block_k_range<Cfg>(
+      p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left, p.paired,
+      Fp32Partial{mine, p.stamps == nullptr
+                            ? nullptr
+                            : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice},
+      unit.k_begin, unit.k_end);
   stamp(p, kStampPieceDone);
   // Publish the partial, then count this arrival. The fence orders each thread's partial stores
   // before the barrier; thread 0's atomic comes after the barrier, so after all of them.

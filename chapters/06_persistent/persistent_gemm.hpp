@@ -64,14 +64,16 @@ struct PersistentOptions {
 
 /// The points of a block's work that PersistentOptions::phase_stamps records.
 enum PhaseStamp : int {
-  kStampStart = 0,      ///< the block starts
-  kStampWholeDone = 1,  ///< its whole tiles are done
-  kStampClaimed = 2,    ///< it holds a claimed tail unit (the last one it claims)
-  kStampPieceDone = 3,  ///< that unit's math is done and its partial stored
-  kStampArrived = 4,    ///< its arrival is counted
-  kStampFixUpDone = 5,  ///< it summed the tile's partials and stored C (the last arrival only)
-  kStampEnd = 6,        ///< the block is done
-  kPhaseStamps = 7,     ///< entries per block
+  kStampStart = 0,       ///< the block starts
+  kStampWholeDone = 1,   ///< its whole tiles are done
+  kStampClaimed = 2,     ///< it holds a claimed tail unit (the last one it claims)
+  kStampPieceDone = 3,   ///< that unit's math is done and its partial stored
+  kStampArrived = 4,     ///< its arrival is counted
+  kStampFixUpDone = 5,   ///< it summed the tile's partials and stored C (the last arrival only)
+  kStampEnd = 6,         ///< the block is done
+  kStampFirstSlice = 7,  ///< the unit's first slice has landed (its pipeline prologue is done)
+  kStampLoopDone = 8,    ///< the unit's main loop is done (its partial store is next)
+  kPhaseStamps = 9,      ///< entries per block
 };
 
 /// Blocks of the persistent grid on the current device for @p scheduler: SMs × the kernel's
