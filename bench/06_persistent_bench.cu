@@ -24,6 +24,7 @@
 // and filling up to 15 GB per benchmark, ~0.1 s) ≈ 30 s: about 120 s in all.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -51,10 +52,48 @@ enum class Variant {
   persistent_dynamic,
   split_k_tail,
   split_k_tail_unclaimed,  // KC_TUNE: split-K with block b taking tail unit b (no claiming)
+  split_k_tail_phases,     // KC_TUNE: split-K timed as usual, then one launch with phase stamps
   stream_k,
   cublas_loop,
   cublas_grouped
 };
+
+// Counters (µs) from one stamped launch: the start of the earliest block is 0. Per phase, the median,
+// the smallest and the largest over the blocks that passed it: when the whole tiles were done (their
+// spread), the wait for a claim, a tail piece from its claim to its stored partial, the arrival, the
+// fix-up, and when the blocks ended.
+void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& stamps, int grid) {
+  const auto at = [&](int b, int point) {
+    return stamps[static_cast<std::size_t>(b) * kc::ch06::kPhaseStamps + point];
+  };
+  std::uint64_t t0 = ~0ull;
+  for (int b = 0; b < grid; ++b) {
+    if (at(b, kc::ch06::kStampStart) != 0 && at(b, kc::ch06::kStampStart) < t0) t0 = at(b, kc::ch06::kStampStart);
+  }
+  const auto summarise = [&](const std::string& name, int from, int to, bool from_start) {
+    std::vector<double> values;
+    for (int b = 0; b < grid; ++b) {
+      if (at(b, to) == 0 || (!from_start && at(b, from) == 0)) continue;
+      const std::uint64_t begin = from_start ? t0 : at(b, from);
+      values.push_back(static_cast<double>(at(b, to) - begin) / 1000.0);
+    }
+    if (values.empty()) return;
+    std::sort(values.begin(), values.end());
+    state.counters[name + "_med_us"] = values[values.size() / 2];
+    state.counters[name + "_min_us"] = values.front();
+    state.counters[name + "_max_us"] = values.back();
+    state.counters[name + "_blocks"] = static_cast<double>(values.size());
+  };
+  summarise("whole_done", kc::ch06::kStampStart, kc::ch06::kStampWholeDone, true);
+  summarise("claim_wait", kc::ch06::kStampWholeDone, kc::ch06::kStampClaimed, false);
+  summarise("piece", kc::ch06::kStampClaimed, kc::ch06::kStampPieceDone, false);
+  summarise("piece_prologue", kc::ch06::kStampClaimed, kc::ch06::kStampFirstSlice, false);
+  summarise("piece_loop", kc::ch06::kStampFirstSlice, kc::ch06::kStampLoopDone, false);
+  summarise("piece_store", kc::ch06::kStampLoopDone, kc::ch06::kStampPieceDone, false);
+  summarise("arrive", kc::ch06::kStampPieceDone, kc::ch06::kStampArrived, false);
+  summarise("fix_up", kc::ch06::kStampArrived, kc::ch06::kStampFixUpDone, false);
+  summarise("end", kc::ch06::kStampStart, kc::ch06::kStampEnd, true);
+}
 
 void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
@@ -94,6 +133,7 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
       case Variant::persistent_dynamic: persistent(Scheduler::dynamic_atomic); break;
       case Variant::split_k_tail: persistent(Scheduler::split_k_tail); break;
       case Variant::split_k_tail_unclaimed: persistent(Scheduler::split_k_tail, false); break;
+      case Variant::split_k_tail_phases: persistent(Scheduler::split_k_tail); break;
       case Variant::stream_k: persistent(Scheduler::stream_k); break;
       case Variant::cublas_loop:
         kc::ch05::cublas_grouped_loop(cublas, s, a.data(), w.data(), c.data(), host_offsets, stream);
@@ -104,6 +144,19 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   launch();  // warm-up: module loading, attributes, occupancy, cuBLAS heuristics
   kc::check(cudaStreamSynchronize(stream));
   kc::bench::time_batches(state, stream, 1, [&](int) { launch(); });
+  if (variant == Variant::split_k_tail_phases) {
+    // One more launch, untimed, with every block's phase stamps: where split-K's tail time goes.
+    const int grid = kc::ch06::persistent_grid(s, Scheduler::split_k_tail);
+    kc::DeviceBuffer<std::uint64_t> stamps(static_cast<std::size_t>(grid) * kc::ch06::kPhaseStamps);
+    stamps.fill_bytes(0);
+    kc::ch06::PersistentOptions options;
+    options.scheduler = Scheduler::split_k_tail;
+    options.phase_stamps = stamps.data();
+    kc::ch06::grouped_gemm_persistent(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                      workspace.size(), options, stream);
+    kc::check(cudaStreamSynchronize(stream));
+    record_phases(state, stamps.to_host(), grid);
+  }
   kc::check(cudaStreamDestroy(stream));
   kc::bench::set_counters(state, kc::ch05::grouped_gemm_min_bytes(s, host_offsets),
                           kc::ch05::grouped_gemm_flops(s, host_offsets));
@@ -144,8 +197,8 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       if (cs.label.rfind("tail_", 0) != 0) continue;
       for (const auto& [name, variant] :
            {std::pair{"before", Variant::before}, std::pair{"split_k", Variant::split_k_tail},
-            std::pair{"split_k_unclaimed", Variant::split_k_tail_unclaimed},
-            std::pair{"stream_k", Variant::stream_k}}) {
+            std::pair{"split_k_unclaimed", Variant::split_k_tail_unclaimed}, std::pair{"stream_k", Variant::stream_k},
+            std::pair{"split_k_phases", Variant::split_k_tail_phases}}) {
         const std::string label = "ch06/tune_tail_" + std::string(name) + "/" + cs.label;
         kc::bench::configure(benchmark::RegisterBenchmark(
             label.c_str(), [cs, variant = variant](benchmark::State& st) { bench_case(st, cs, variant); }));

@@ -506,7 +506,18 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
 struct Fp32Partial {
   static constexpr bool staged = false;       ///< stored from registers
   static constexpr bool fp32_partial = true;  ///< gemm_bf16_block_k_range writes fp32, not bf16
-  float* partial;                             ///< [block_m, block_n] floats, 8-byte aligned
+  float* partial;                             ///< [block_m, block_n] floats, 16-byte aligned
+  /// A measurement (Chapter 6's phase stamps), or null: thread 0 writes %globaltimer to [0] once
+  /// the first slice has landed and to [1] once the main loop is done (before the partial store).
+  std::uint64_t* stamps = nullptr;
+
+  /// Records point @p i (0 or 1) when stamps were asked for.
+  __device__ void stamp(int i) const {
+    if (stamps == nullptr || threadIdx.x != 0) return;
+    std::uint64_t now = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    stamps[i] = now;
+  }
 };
 
 /// True for epilogues that store unrounded fp32 partial tiles (Fp32Partial).
@@ -618,6 +629,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   }
   cp_async_wait<kPrologue - 1>();
   __syncthreads();
+  if constexpr (is_fp32_partial<Epilogue>) epilogue.stamp(0);
   load_fragments(0, 0, 0);
 
   int read_stage = 0;                                     // buffer holding slice kt
@@ -664,7 +676,17 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
     return;
   }
   if constexpr (is_fp32_partial<Epilogue>) {
-    // The whole tile, unrounded: one 8-byte store per accumulator pair (rows past M hold zeros).
+    epilogue.stamp(1);
+    // The whole tile, unrounded (rows past M hold zeros), through shared memory: written straight
+    // from registers, each warp instruction would touch 8 rows 512 bytes apart with 8-byte pieces
+    // (measured: 5.5 µs for a tile's 64 KiB, docs/notes/ch06.md). Staged, every warp instruction
+    // writes 512 contiguous bytes. The pipeline's buffers are free once every warp has passed the
+    // barrier below (all copies have landed; every warp is done reading the last slice).
+    using S = Staging<Cfg>;
+    static_assert(Cfg::block_m * S::acc_row_bytes <= Cfg::smem_bytes,
+                  "the whole fp32 tile fits the pipeline's buffers");
+    float* staged = reinterpret_cast<float*>(smem);
+    __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -673,10 +695,18 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
           const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
-          *reinterpret_cast<float2*>(epilogue.partial + row * Cfg::block_n + col) =
+          *reinterpret_cast<float2*>(&staged[row * S::acc_ld + col]) =
               make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
         }
       }
+    }
+    __syncthreads();
+    constexpr int kGroupsPerRow = Cfg::block_n / 4;
+#pragma unroll 4
+    for (int g = tid; g < Cfg::block_m * kGroupsPerRow; g += kThreads) {
+      const int row = g / kGroupsPerRow, group = g % kGroupsPerRow;
+      const float4 v = *reinterpret_cast<const float4*>(&staged[row * S::acc_ld + 4 * group]);
+      __stcg(reinterpret_cast<float4*>(epilogue.partial + row * Cfg::block_n) + group, v);
     }
     return;
   }

@@ -82,8 +82,17 @@ struct Problem {
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
-  bool claim_tail;  // split_k_tail: tail units claimed from counters[0] (PersistentOptions::split_k_claim_tail)
+  bool claim_tail;        // split_k_tail: tail units claimed from counters[0] (PersistentOptions::split_k_claim_tail)
+  std::uint64_t* stamps;  // PersistentOptions::phase_stamps (a measurement), or null
 };
+
+// Thread 0 records point @p point of this block's work when the launch asked for stamps.
+__device__ __forceinline__ void stamp(const Problem& p, int point) {
+  if (p.stamps == nullptr || threadIdx.x != 0) return;
+  std::uint64_t now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + point] = now;
+}
 
 // Where linear tile `tile` lies: its expert's A rows and W, C's rows and columns.
 struct TilePlace {
@@ -173,8 +182,13 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
   const TilePlace t = place_of(p, unit.tile, m_tiles);
   const int sk_tile = unit.tile - plan.dp_tiles;
   float* mine = p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats;
-  ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
-                                            p.paired, Fp32Partial{mine}, unit.k_begin, unit.k_end);
+  ch02::block::gemm_bf16_block_k_range<Cfg>(
+      p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left, p.paired,
+      Fp32Partial{mine, p.stamps == nullptr
+                            ? nullptr
+                            : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice},
+      unit.k_begin, unit.k_end);
+  stamp(p, kStampPieceDone);
   // Publish the partial, then count this arrival. The fence orders each thread's partial stores
   // before the barrier; thread 0's atomic comes after the barrier, so after all of them.
   __threadfence();
@@ -184,9 +198,11 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
     arrived_last = atomicAdd(&p.counters[1 + sk_tile], 1) == contributors - 1 ? 1 : 0;
   }
   __syncthreads();
+  stamp(p, kStampArrived);
   if (arrived_last != 0) {
     __threadfence();  // the other contributors' partials, published before their atomics, are visible
     sum_partials<Cfg>(p, plan, sk_tile, t);
+    stamp(p, kStampFixUpDone);
   }
 }
 
@@ -221,11 +237,13 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
       // Every plan block has exactly one tail unit (split_k_tail_plan), so ticket b names plan block
       // b's unit; the blocks whose whole tiles finish first take the tail, and the slowest, when
       // there are fewer units than blocks, take none.
+      stamp(p, kStampStart);
       const int whole = static_tile_count(plan.dp_tiles, grid, block);
       for (int u = 0; u < whole; ++u) {
         whole_tile<Cfg>(p, static_tile(grid, block, u), m_tiles);
         __syncthreads();
       }
+      stamp(p, kStampWholeDone);
       __shared__ int claimed;
       while (true) {
         if (threadIdx.x == 0) claimed = atomicAdd(&p.counters[0], 1);
@@ -233,6 +251,7 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
         const int owner = claimed;
         __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
         if (owner >= plan.sk_blocks) break;
+        stamp(p, kStampClaimed);
         const WorkUnit unit = unit_of_block(plan, owner, static_tile_count(plan.dp_tiles, grid, owner));
         if (is_whole(plan, unit)) {
           whole_tile<Cfg>(p, unit.tile, m_tiles);
@@ -241,6 +260,7 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
         }
         __syncthreads();
       }
+      stamp(p, kStampEnd);
       return;
     }
     const int units = units_of_block(plan, block);
@@ -369,7 +389,8 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
                   ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m,
                   options.stream_k_max_tail_percent,
                   // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
-                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.split_k_claim_tail};
+                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.split_k_claim_tail,
+                  options.phase_stamps};
   if (limits.medium4) {
     launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
   } else {

@@ -55,6 +55,25 @@ struct PersistentOptions {
   /// tiles (the blocks done first take them), instead of block b taking unit b. The units, their
   /// partials and the sums are the same either way.
   bool split_k_claim_tail = true;
+  /// A measurement (the benchmark's KC_TUNE phase rows), split_k_tail with a claimed tail only: when
+  /// set, thread 0 of block b writes %globaltimer (ns) to phase_stamps[b · kPhaseStamps + i] as it
+  /// passes point i (PhaseStamp), and leaves the entries of points it never passes as they were.
+  /// Needs grid × kPhaseStamps entries (persistent_grid).
+  std::uint64_t* phase_stamps = nullptr;
+};
+
+/// The points of a block's work that PersistentOptions::phase_stamps records.
+enum PhaseStamp : int {
+  kStampStart = 0,       ///< the block starts
+  kStampWholeDone = 1,   ///< its whole tiles are done
+  kStampClaimed = 2,     ///< it holds a claimed tail unit (the last one it claims)
+  kStampPieceDone = 3,   ///< that unit's math is done and its partial stored
+  kStampArrived = 4,     ///< its arrival is counted
+  kStampFixUpDone = 5,   ///< it summed the tile's partials and stored C (the last arrival only)
+  kStampEnd = 6,         ///< the block is done
+  kStampFirstSlice = 7,  ///< the unit's first slice has landed (its pipeline prologue is done)
+  kStampLoopDone = 8,    ///< the unit's main loop is done (its partial store is next)
+  kPhaseStamps = 9,      ///< entries per block
 };
 
 /// Blocks of the persistent grid on the current device for @p scheduler: SMs × the kernel's
