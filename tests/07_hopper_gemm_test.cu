@@ -653,15 +653,15 @@ TEST(HopperStreamK, PlanRule) {
     EXPECT_EQ(p.whole_tiles, whole);
     EXPECT_EQ(p.split_tiles, split);
   };
-  expect_plan(stream_k_plan(256, 66, 64), 256, 0);     // 4096³: the last round 58 / 66 full, not split
+  expect_plan(stream_k_plan(256, 66, 64), 256, 0);     // 4096³: shares of 57 slices save 7, not split
   expect_plan(stream_k_plan(576, 66, 96), 528, 48);    // 6144³: 48 / 66, split
   expect_plan(stream_k_plan(1024, 66, 128), 990, 34);  // 8192³
-  expect_plan(stream_k_plan(896, 66, 32), 858, 38);    // 8192 × 7168 × 2048
+  expect_plan(stream_k_plan(896, 66, 32), 896, 0);     // 8192 × 7168 × 2048: shares of 19 of 32 save 13
   expect_plan(stream_k_plan(64, 66, 32), 64, 0);       // 2048³: one round, not even full
   expect_plan(stream_k_plan(132, 66, 64), 132, 0);     // two full rounds
   expect_plan(stream_k_plan(131, 66, 64), 131, 0);     // 65 of 66: too full (and a share would save nothing)
-  expect_plan(stream_k_plan(115, 66, 64), 66, 49);     // 49 of 66: the fullest last round split
-  expect_plan(stream_k_plan(116, 66, 64), 116, 0);     // 50 of 66: over 3 / 4
+  expect_plan(stream_k_plan(115, 66, 64), 66, 49);     // shares of 48 save 16: split
+  expect_plan(stream_k_plan(116, 66, 64), 116, 0);     // shares of 49 save 15: not split
   expect_plan(stream_k_plan(67, 66, 64), 67, 0);       // 64 slices for 66 clusters: shares would be empty
   expect_plan(stream_k_plan(67, 66, 200), 66, 1);      // 200 slices for 66 clusters, none empty
   expect_plan(stream_k_plan(67, 66, 8), 67, 0);        // 8 slices for 66 clusters: shares would be empty
@@ -1091,13 +1091,13 @@ TEST_F(HopperGpuTest, MeasurementsWriteNothing) {
 }
 
 // Shapes whose last round Stream-K splits (checked against the plan for this GPU). A few split tiles
-// of 16 or 17 slices are shared by every cluster, a slice or two each, so a tile has up to a dozen
+// of 32 or 33 slices are shared by every cluster, two or three slices each, so a tile has up to a dozen
 // pieces and its owner adds up to a dozen partials.
-//   - 18 × 8 tiles, K = 1024 (16 slices);
+//   - 18 × 8 tiles, K = 2048 (32 slices);
 //   - 17 × 8 tiles (rank 1 of the last cluster row has no rows: it stores no partial and reads
-//     none), N = 2044 (register stores), K = 1032 (a K tail in the last slice);
+//     none), N = 2044 (register stores), K = 2056 (a K tail in the last slice);
 //   - the same with N = 2048 (TMA stores).
-const GemmShape kSplitShapes[] = {{2304, 2048, 1024}, {2100, 2044, 1032}, {2100, 2048, 1032}};
+const GemmShape kSplitShapes[] = {{2304, 2048, 2048}, {2100, 2044, 2056}, {2100, 2048, 2056}};
 
 // Stream-K against the fp64 reference on the split shapes, and on the goal shapes (which split too)
 // against cuBLAS on every element.
@@ -1107,7 +1107,7 @@ TEST_F(HopperGpuTest, StreamKMatchesReference) {
     check_launch("after", after_launch(), s, false);
   }
   if (kc::test::small_tests_only()) return;  // KC_SMALL_TESTS: no large shapes
-  for (const GemmShape s : {GemmShape{6144, 6144, 6144}, GemmShape{8192, 7168, 2048}}) {
+  for (const GemmShape s : {GemmShape{6144, 6144, 6144}, GemmShape{8192, 8192, 4096}}) {
     ASSERT_GT(kc::ch07::gemm_bf16_hopper_stream_k_plan(s).split_tiles, 0) << shape_name(s) << " must split here";
     check_launch("after", after_launch(), s, true);
   }

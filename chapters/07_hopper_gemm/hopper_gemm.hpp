@@ -18,7 +18,7 @@
 ///   6. step6_tma_store.cu         step 5 with a TMA-store epilogue: C staged in shared memory with
 ///                                 stmatrix and written by TMA while the next tile's math runs.
 /// The chapter's `after` is step 6's kernel as a programmatic dependent launch, with Stream-K on the
-/// last round where that round is at most three quarters full (gemm_bf16_hopper with a workspace).
+/// last round where splitting it saves at least 16 slices (gemm_bf16_hopper with a workspace).
 /// Without a workspace, gemm_bf16_hopper is step 6 as a dependent launch, every tile whole.
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):

@@ -281,21 +281,15 @@ struct StreamKPlan {
   }
 };
 
-/// The fullest last round worth splitting, as a fraction: remainder / clusters at most 3 / 4. Measured
-/// (docs/notes/ch07.md): with 58 of 66 clusters busy in the last round (4096³) the split lost 3 %;
-/// at 34 of 66 (8192³) it won in every run, at 48 of 66 (6144³) in two runs of three. A nearly full
-/// last round costs less than its idle share suggests: the GPU runs power-limited, and the busy SMs
-/// clock higher while some idle (a reading, not measured directly).
-inline constexpr int kStreamKMaxFillNumerator = 3;
-inline constexpr int kStreamKMaxFillDenominator = 4;  ///< see kStreamKMaxFillNumerator
-
 /// Slices a split must save on the busiest cluster (against a whole tile) to be worth its partial
-/// tiles: below this the partial store and the owner's reads cost about what they save.
-inline constexpr int kStreamKMinSavedSlices = 4;
+/// tiles. Measured (docs/notes/ch07.md, Session 10): saving 8 slices (4096³) lost 3 %, 13 slices
+/// (4096² × 7168 and 8192 × 7168 × 2048) came out level, 26 (6144³) and 62 (8192³) won. Below this
+/// the partial store, the owner's reads and the pipeline restarts cost about what the split saves
+/// (and the busy SMs of a nearly full last round clock higher while the others idle).
+inline constexpr int kStreamKMinSavedSlices = 16;
 
 /// The plan for @p cluster_tiles cluster tiles of @p k_tiles slices on @p clusters clusters: Stream-K
-/// on the last round when there are more tiles than clusters, the last round is at most 3 / 4 full
-/// (kStreamKMaxFillNumerator), and the
+/// on the last round when there are more tiles than clusters, the last round is not full, and the
 /// busiest cluster's share is at least kStreamKMinSavedSlices slices less than a tile, and every
 /// cluster's share holds at least one slice (so every cluster from a split tile's first to its owner
 /// stored a piece of it); otherwise every tile whole (split_tiles = 0).
@@ -303,7 +297,6 @@ __host__ __device__ constexpr StreamKPlan stream_k_plan(std::int64_t cluster_til
   StreamKPlan plan{static_cast<int>(cluster_tiles), 0, clusters, k_tiles};
   const auto remainder = static_cast<int>(cluster_tiles % clusters);
   if (cluster_tiles <= clusters || remainder == 0) return plan;
-  if (kStreamKMaxFillDenominator * remainder > kStreamKMaxFillNumerator * clusters) return plan;
   const std::int64_t largest_share = (static_cast<std::int64_t>(remainder) * k_tiles + clusters - 1) / clusters;
   if (k_tiles - largest_share < kStreamKMinSavedSlices) return plan;
   if (static_cast<std::int64_t>(remainder) * k_tiles < clusters) return plan;  // some share would be empty

@@ -34,7 +34,7 @@
 //     On a one-round problem (2048³: 64 cluster tiles for 66 clusters) that start-up is a visible
 //     share of the time; on larger ones it is not (docs/notes/ch07.md). With an ordinary kernel
 //     before it, the wait returns at once and nothing differs from step 6. With a workspace,
-//     `after` also splits the last round by slices where it is at most 3/4 full (Stream-K,
+//     `after` also splits the last round by slices where that saves >= 16 slices (Stream-K,
 //     Step6StreamKCluster and StreamKPlan; the README's "Stream-K on the last round").
 // The kernel is step 5's (cluster_gemm_kernel.cuh) with a tile that stages C (kTile.c_staging).
 #include "cluster_gemm_kernel.cuh"
