@@ -60,8 +60,10 @@ enum class Variant {
 
 // Counters (µs) from one stamped launch: the start of the earliest block is 0. Per phase, the median,
 // the smallest and the largest over the blocks that passed it: when the whole tiles were done (their
-// spread), the wait for a claim, a tail piece from its claim to its stored partial, the arrival, the
-// fix-up, and when the blocks ended.
+// spread), the wait for a claim, a partner's piece from its claim to its stored partial (prologue,
+// main loop, store) and its arrival, an owner's wait for its partners and its fix-up (adding their
+// partials, storing C), and when the blocks ended. A block that claims several units keeps the
+// stamps of the last; a phase whose two stamps come from different units is left out.
 void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& stamps, int grid) {
   const auto at = [&](int b, int point) {
     return stamps[static_cast<std::size_t>(b) * kc::ch06::kPhaseStamps + point];
@@ -73,7 +75,7 @@ void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& st
   const auto summarise = [&](const std::string& name, int from, int to, bool from_start) {
     std::vector<double> values;
     for (int b = 0; b < grid; ++b) {
-      if (at(b, to) == 0 || (!from_start && at(b, from) == 0)) continue;
+      if (at(b, to) == 0 || (!from_start && (at(b, from) == 0 || at(b, from) > at(b, to)))) continue;
       const std::uint64_t begin = from_start ? t0 : at(b, from);
       values.push_back(static_cast<double>(at(b, to) - begin) / 1000.0);
     }
@@ -91,7 +93,9 @@ void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& st
   summarise("piece_loop", kc::ch06::kStampFirstSlice, kc::ch06::kStampLoopDone, false);
   summarise("piece_store", kc::ch06::kStampLoopDone, kc::ch06::kStampPieceDone, false);
   summarise("arrive", kc::ch06::kStampPieceDone, kc::ch06::kStampArrived, false);
-  summarise("fix_up", kc::ch06::kStampArrived, kc::ch06::kStampFixUpDone, false);
+  summarise("owner_piece", kc::ch06::kStampClaimed, kc::ch06::kStampFixUpDone, false);
+  summarise("owner_wait", kc::ch06::kStampLoopDone, kc::ch06::kStampPartnersIn, false);
+  summarise("fix_up", kc::ch06::kStampPartnersIn, kc::ch06::kStampFixUpDone, false);
   summarise("end", kc::ch06::kStampStart, kc::ch06::kStampEnd, true);
 }
 

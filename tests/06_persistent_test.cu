@@ -146,7 +146,10 @@ TEST(PersistentSchedule, DynamicCoversEveryTileOnceInAnyOrder) {
 
 // Stream-K: every (tile, k-slice) exactly once; units in whole slices inside [0, k_tiles); whole
 // tiles only where no other block touches the tile; split tiles' contributors are exactly the
-// blocks that hold a part, consecutive, in k order, each with its own partial slot.
+// blocks that hold a part, consecutive, in k order. The owner (first contributor) of a split tile
+// waits for its partners, so: a block's owner part is its last unit, a partner part never follows
+// an owner part (no block waits on a waiting block), and a block stores at most one partial, in its
+// own slot.
 // Both plans (Stream-K and the split-K tail) go through the same checks; the split-K plan must
 // also give every block at most one unit.
 void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent, bool split_k = false) {
@@ -169,7 +172,7 @@ void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent, bool
   std::vector<int> slot_use(static_cast<std::size_t>(kc::ch06::partial_slots(grid)), 0);
   for (int b = 0; b < grid; ++b) {
     const int units = kc::ch06::units_of_block(p, b);
-    int split_units = 0;
+    int split_units = 0, partner_units = 0;
     for (int u = 0; u < units; ++u) {
       const auto unit = kc::ch06::unit_of_block(p, b, u);
       ASSERT_GE(unit.tile, 0);
@@ -182,13 +185,19 @@ void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent, bool
         ASSERT_GE(unit.tile, p.dp_tiles) << "only Stream-K tiles are split";
         parts[unit.tile].push_back(b);
         ++split_units;
-        const int slot = kc::ch06::partial_slot(p, b, unit.tile - p.dp_tiles);
-        ASSERT_GE(slot, 2 * b);
-        ASSERT_LE(slot, 2 * b + 1);
-        ++slot_use[static_cast<std::size_t>(slot)];
+        if (kc::ch06::owns(p, b, unit)) {
+          ASSERT_EQ(u, units - 1) << "block " << b << ": an owner part is the block's last unit";
+        } else {
+          ++partner_units;
+          const int slot = kc::ch06::partial_slot(b);
+          ASSERT_GE(slot, 0);
+          ASSERT_LT(slot, kc::ch06::partial_slots(grid));
+          ++slot_use[static_cast<std::size_t>(slot)];
+        }
       }
     }
     ASSERT_LE(split_units, 2);
+    ASSERT_LE(partner_units, 1) << "block " << b << " would store two partials";
     if (split_k) ASSERT_LE(units - kc::ch06::static_tile_count(p.dp_tiles, grid, b), 1) << "one tail unit a block";
   }
   for (int t = 0; t < tiles; ++t) {
@@ -286,9 +295,9 @@ TEST(PersistentSchedule, StreamKPlansOfTheTailCases) {
 TEST(PersistentArguments, RulesAndWorkspace) {
   HostBuffer c;
   const GroupedGemmShape ok{4, 4, 8, 8};
-  // prefix 256 + counters round_up(4 · (1 + 264)) = 1280 + 264 tiles × 64 KiB.
-  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 256u + 1280u + 264u * 65536u);
-  EXPECT_EQ(kc::ch06::persistent_workspace_bytes({4, 4, 8, 300}, 1), 1280u + 256u + 2u * 65536u);
+  // prefix 256 + counters round_up(4 · (1 + 264)) = 1280 + one 64 KiB partial tile per block.
+  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 256u + 1280u + 132u * 65536u);
+  EXPECT_EQ(kc::ch06::persistent_workspace_bytes({4, 4, 8, 300}, 1), 1280u + 256u + 1u * 65536u);
   expect_invalid_argument([&] { kc::ch06::persistent_workspace_bytes(ok, 0); }, "grid (0) must be >= 1");
   expect_invalid_argument(
       [&] {
@@ -473,7 +482,7 @@ TEST_F(PersistentGpu, BadArgumentsWriteNothing) {
 }
 
 // Every scheduler neither allocates nor synchronises, and repeats bit for bit (Stream-K included:
-// its fix-up adds the partials in a fixed order whoever arrives last).
+// each split tile's owner adds its partners' partials in a fixed order whoever finishes first).
 TEST_F(PersistentGpu, GraphCapturableAndBitwiseRepeatable) {
   const Problem p = random_problem({130, 0, 1, 257, 64, 384, 384}, 1000, 520, kc::test::test_seed());
   kc::DeviceBuffer<bf16> a(p.a), w(p.w), c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));

@@ -3,8 +3,8 @@
 /// fp32 accumulate, bf16 out) with mma.sync, ldmatrix and a cp.async pipeline, plus the epilogues
 /// that store it. Chapter 2's GEMM (gemm_bf16_mma.cu) launches one block per tile; Chapter 3 adds
 /// epilogues; Chapter 5's grouped GEMM maps each block to a tile of one expert; Chapter 6's Stream-K
-/// runs a K range of a tile and stores fp32 partials (gemm_bf16_block_k_range, Fp32Partial). Device
-/// code only.
+/// runs a K range of a tile and either stores it as an fp32 partial or adds other blocks' partials to
+/// it before storing C (gemm_bf16_block_k_range, Fp32Partial, AddPartials). Device code only.
 ///
 /// After, on tensor cores: C = A · Wᵀ in bf16 with mma.sync m16n8k16, fp32 accumulators.
 ///
@@ -499,24 +499,65 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
   }
 }
 
-/// Chapter 6's Stream-K: the block's fp32 accumulators of a K range, stored as they are (no
-/// rounding) into a row-major block_m × block_n tile of floats at @p partial, every element of the
-/// tile, rows and columns past C included (they hold zeros). A later fixed-order sum of a tile's
-/// partials, rounded once, finishes the tile.
+/// Thread 0 writes %globaltimer to @p stamps[@p i] when @p stamps is not null (Chapter 6's phase
+/// stamps, a measurement).
+__device__ __forceinline__ void stamp_globaltimer(std::uint64_t* stamps, int i) {
+  if (stamps == nullptr || threadIdx.x != 0) return;
+  std::uint64_t now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  stamps[i] = now;
+}
+
+/// Chapter 6's split tiles, a contributor's part: the block's fp32 accumulators of a K range, stored
+/// unrounded in the block's own register order ("fragment order": thread t's accumulators of m16
+/// tile mt and n8 tile nt are the float4 at index (mt · n8 tiles per warp + nt) · threads + t), rows
+/// and columns past C included (they hold zeros). Only AddPartials, in a block of the same
+/// configuration, reads it back, so the layout is the one that stores fastest: each warp instruction
+/// writes 512 contiguous bytes straight from registers, with no pass through shared memory.
 struct Fp32Partial {
   static constexpr bool staged = false;       ///< stored from registers
   static constexpr bool fp32_partial = true;  ///< gemm_bf16_block_k_range writes fp32, not bf16
-  float* partial;                             ///< [block_m, block_n] floats, 16-byte aligned
+  float* partial;                             ///< block_m · block_n floats, 16-byte aligned
   /// A measurement (Chapter 6's phase stamps), or null: thread 0 writes %globaltimer to [0] once
   /// the first slice has landed and to [1] once the main loop is done (before the partial store).
   std::uint64_t* stamps = nullptr;
 
-  /// Records point @p i (0 or 1) when stamps were asked for.
-  __device__ void stamp(int i) const {
-    if (stamps == nullptr || threadIdx.x != 0) return;
-    std::uint64_t now = 0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    stamps[i] = now;
+  /// Records point @p i when stamps were asked for.
+  __device__ void stamp(int i) const { stamp_globaltimer(stamps, i); }
+};
+
+/// Chapter 6's split tiles, the owner's part: the block computes its own K range (the tile's first),
+/// waits until @p partners other contributors have published their Fp32Partial (the counter at
+/// @p arrivals reaches @p partners), adds their partials to its accumulators, partner 0 first, and
+/// stores C as a whole tile would. The sum's order is fixed (k order: the owner's range, then the
+/// partners' in turn), so C has the same bits whichever block finishes first. The owner's own part
+/// never leaves its registers: no partial store, no read-back.
+struct AddPartials {
+  static constexpr bool staged = false;       ///< C stored from registers
+  static constexpr bool adds_partials = true;  ///< gemm_bf16_block_k_range adds partials before storing
+  const float* first_partial;                  ///< partner 0's Fp32Partial
+  std::int64_t partial_stride;                 ///< floats from one partner's partial to the next
+  int partners;                                ///< how many (1 or more)
+  const int* arrivals;                         ///< raised by 1 as each partner's partial is published
+  /// A measurement, or null: [0] first slice landed, [1] main loop done, [2] partners' partials in.
+  std::uint64_t* stamps = nullptr;
+
+  /// Records point @p i when stamps were asked for.
+  __device__ void stamp(int i) const { stamp_globaltimer(stamps, i); }
+
+  /// Every thread returns once all partners' partials are visible to it. Thread 0 polls with
+  /// acquire loads (paired with the partners' fence-then-atomic publication); the barrier passes
+  /// that on to the block.
+  __device__ void wait_for_partners() const {
+    if (threadIdx.x == 0) {
+      while (true) {
+        int arrived = 0;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(arrived) : "l"(arrivals) : "memory");
+        if (arrived >= partners) break;
+        __nanosleep(64);
+      }
+    }
+    __syncthreads();
   }
 };
 
@@ -524,6 +565,12 @@ struct Fp32Partial {
 template <class Epilogue>
 inline constexpr bool is_fp32_partial = requires {
   Epilogue::fp32_partial;
+};
+
+/// True for epilogues that add other blocks' partials before storing C (AddPartials).
+template <class Epilogue>
+inline constexpr bool adds_partials = requires {
+  Epilogue::adds_partials;
 };
 
 /// One block's tile of C = epilogue(A · Wᵀ): the whole of Chapter 2's kernel except choosing the
@@ -629,7 +676,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   }
   cp_async_wait<kPrologue - 1>();
   __syncthreads();
-  if constexpr (is_fp32_partial<Epilogue>) epilogue.stamp(0);
+  if constexpr (is_fp32_partial<Epilogue> || adds_partials<Epilogue>) epilogue.stamp(0);
   load_fragments(0, 0, 0);
 
   int read_stage = 0;                                     // buffer holding slice kt
@@ -675,40 +722,50 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
     staged_epilogue<Cfg>(acc, epilogue, smem, c, block_row0, block_col0, rows_left, cols_left, warp_row0, warp_col0);
     return;
   }
+  // Chapter 6's split tiles keep one layout for a partial, fragment order: thread tid's accumulators
+  // of (mt, nt) are the float4 at fragment_index(mt, nt). Consecutive threads, consecutive float4s.
+  const auto fragment_index = [tid](int mt, int nt) { return (mt * kNTiles + nt) * kThreads + tid; };
   if constexpr (is_fp32_partial<Epilogue>) {
     epilogue.stamp(1);
-    // The whole tile, unrounded (rows past M hold zeros), through shared memory: written straight
-    // from registers, each warp instruction would touch 8 rows 512 bytes apart with 8-byte pieces
-    // (measured: 5.5 µs for a tile's 64 KiB, docs/notes/ch06.md). Staged, every warp instruction
-    // writes 512 contiguous bytes. The pipeline's buffers are free once every warp has passed the
-    // barrier below (all copies have landed; every warp is done reading the last slice).
-    using S = Staging<Cfg>;
-    static_assert(Cfg::block_m * S::acc_row_bytes <= Cfg::smem_bytes,
-                  "the whole fp32 tile fits the pipeline's buffers");
-    float* staged = reinterpret_cast<float*>(smem);
-    __syncthreads();
+    float4* partial = reinterpret_cast<float4*>(epilogue.partial);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = warp_row0 + 16 * mt + lane / 4 + 8 * half;
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        // __stcg: to L2 only; the owner reads it from another SM.
+        __stcg(partial + fragment_index(mt, nt),
+               make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
+      }
+    }
+    return;
+  }
+  if constexpr (adds_partials<Epilogue>) {
+    epilogue.stamp(1);
+    epilogue.wait_for_partners();
+    epilogue.stamp(2);
+    for (int j = 0; j < epilogue.partners; ++j) {
+      const float4* partial =
+          reinterpret_cast<const float4*>(epilogue.first_partial + static_cast<std::int64_t>(j) * epilogue.partial_stride);
+      // All of this partner's loads in flight before the first add: one L2 round trip per partner.
+      // __ldcg: from L2, never from this SM's L1, which holds nothing of other blocks' writes.
+      float4 part[kMTiles][kNTiles];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) part[mt][nt] = __ldcg(partial + fragment_index(mt, nt));
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-          const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
-          *reinterpret_cast<float2*>(&staged[row * S::acc_ld + col]) =
-              make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+          acc[mt][nt][0] += part[mt][nt].x;
+          acc[mt][nt][1] += part[mt][nt].y;
+          acc[mt][nt][2] += part[mt][nt].z;
+          acc[mt][nt][3] += part[mt][nt].w;
         }
       }
     }
-    __syncthreads();
-    constexpr int kGroupsPerRow = Cfg::block_n / 4;
-#pragma unroll 4
-    for (int g = tid; g < Cfg::block_m * kGroupsPerRow; g += kThreads) {
-      const int row = g / kGroupsPerRow, group = g % kGroupsPerRow;
-      const float4 v = *reinterpret_cast<const float4*>(&staged[row * S::acc_ld + 4 * group]);
-      __stcg(reinterpret_cast<float4*>(epilogue.partial + row * Cfg::block_n) + group, v);
-    }
-    return;
+    // On to the plain store below: the tile is now the sum over all of K.
   }
   // Store: acc[mt][nt] holds rows g and g+8, columns 2t and 2t+1 of the 16×8 tile at
   // (warp_row0 + 16·mt, warp_col0 + 8·nt). Each pair of columns becomes one bf16x2 store; the four

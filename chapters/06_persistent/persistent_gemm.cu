@@ -9,7 +9,8 @@
 //        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
 //        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
 //        stream_k: whole tiles round-robin, then this block's range of the last wave's k-slices;
-//                  split tiles go through fp32 partials and a fixed-order fix-up (below).
+//                  a split tile's partners store fp32 partials, its owner adds them in a fixed
+//                  order and stores C (stream_k_unit, below).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 #include <string>
@@ -39,7 +40,7 @@ constexpr int kTileFloats = kBlockM * kBlockN;     // one fp32 partial tile
 struct WorkspaceLayout {
   std::int32_t* tile_prefix;  // [E + 1]
   std::int32_t* counters;     // [0]: dynamic ticket counter; [1 + s]: arrivals at Stream-K tile s
-  float* partials;            // [2·grid][128 × 128]
+  float* partials;            // [grid][128 × 128]: block b's partial in slot b (partial_slot)
 };
 
 std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -114,96 +115,42 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
                                     NoEpilogue{});
 }
 
-// The fix-up of a split tile, run by its last contributor to arrive: C = round(Σ partials), the
-// partials added in contributor order (= k order), whoever arrived when.
-//
-// This runs at the very end of a block's work, on the critical path, so it is written for memory-
-// level parallelism: each thread owns kGroupsPerThread groups of 4 outputs and fetches a batch of
-// them from one contributor's partial with independent loads before adding any. A loop of one group
-// at a time (load, add, store, next) waits a whole L2 round trip per group and contributor: 16 × 2–3
-// round trips of ~0.5 µs, several µs per split tile. A tile of the Stream-K wave can have up to
-// 11 contributors on the benchmark's cases (11 × 64 KiB to read), so the loads must keep the SM's
-// path to L2 full. Partials cover the whole tile (zeros past C), so the loads need no masks; only
-// the stores do.
-template <class Cfg>
-__device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_tile, const TilePlace& t) {
-  const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
-  constexpr int kGroupsPerRow = kBlockN / 4;
-  constexpr int kGroups = kBlockM * kGroupsPerRow;
-  static_assert(kGroups % Cfg::threads == 0, "every thread owns the same number of groups");
-  constexpr int kGroupsPerThread = kGroups / Cfg::threads;
-  // 16 float4 sums (64 registers) and 16 loads in flight per thread: 64 KiB per block per round trip,
-  // about what one SM's L2 bandwidth moves in one (the main loop's registers are free by now).
-  constexpr int kBatch = kGroupsPerThread < 16 ? kGroupsPerThread : 16;
-  static_assert(kGroupsPerThread % kBatch == 0, "whole batches");
-  for (int batch = 0; batch < kGroupsPerThread; batch += kBatch) {
-    // __ldcg: from L2, never from this SM's L1, which may hold nothing of other blocks' writes.
-    const auto partial_of = [&](int block) {
-      return reinterpret_cast<const float4*>(
-                 p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats) +
-             batch * Cfg::threads + threadIdx.x;
-    };
-    float4 sum[kBatch];
-    const float4* first_part = partial_of(first);
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) sum[i] = __ldcg(first_part + i * Cfg::threads);
-    for (int b = first + 1; b <= last; ++b) {
-      const float4* part = partial_of(b);
-      float4 v[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = __ldcg(part + i * Cfg::threads);
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        sum[i].x += v[i].x;
-        sum[i].y += v[i].y;
-        sum[i].z += v[i].z;
-        sum[i].w += v[i].w;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int g = (batch + i) * Cfg::threads + static_cast<int>(threadIdx.x);
-      const int r = g / kGroupsPerRow, col = g % kGroupsPerRow * 4;
-      if (r >= t.rows_left || col >= t.cols_left) continue;
-      __nv_bfloat16* out = p.c + static_cast<std::int64_t>(t.row0 + r) * p.n + t.col0 + col;
-      const int room = t.cols_left - col;
-      ch02::block::store_pair(out, sum[i].x, sum[i].y, room, p.paired);
-      ch02::block::store_pair(out + 2, sum[i].z, sum[i].w, room - 2, p.paired);
-    }
-  }
-}
-
 // One contributor's unit of a split tile. @p block is the plan's block the unit belongs to (its
 // partial slot and its place among the tile's contributors): blockIdx.x, or with claimed tail units
 // whichever plan block the claimed ticket names.
+//
+// The tile's first contributor (lowest k) owns it: its own part stays in registers, it waits for the
+// others' partials, adds them in contributor order (= k order) and stores C. Every other contributor
+// stores its part as an fp32 partial in its slot and counts itself on the tile's arrival counter.
+// No wait can deadlock: a partner's part is the first split unit of its block (whole tiles before it
+// never wait), and an owner's part is the last unit of its block (schedule.hpp, tested on the CPU).
 template <class Cfg>
 __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
-  __shared__ int arrived_last;
   const TilePlace t = place_of(p, unit.tile, m_tiles);
   const int sk_tile = unit.tile - plan.dp_tiles;
-  float* mine = p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats;
-  ch02::block::gemm_bf16_block_k_range<Cfg>(
-      p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left, p.paired,
-      Fp32Partial{mine, p.stamps == nullptr
-                            ? nullptr
-                            : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice},
-      unit.k_begin, unit.k_end);
+  const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
+  std::uint64_t* piece_stamps =
+      p.stamps == nullptr ? nullptr : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice;
+  if (owns(plan, block, unit)) {
+    const ch02::block::AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first + 1)) * kTileFloats,
+                                         static_cast<std::int64_t>(kTileFloats), last - first,
+                                         &p.counters[1 + sk_tile], piece_stamps};
+    ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
+                                              t.cols_left, p.paired, owner, unit.k_begin, unit.k_end);
+    stamp(p, kStampFixUpDone);
+    return;
+  }
+  float* mine = p.partials + static_cast<std::int64_t>(partial_slot(block)) * kTileFloats;
+  ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
+                                            t.cols_left, p.paired, Fp32Partial{mine, piece_stamps}, unit.k_begin,
+                                            unit.k_end);
   stamp(p, kStampPieceDone);
-  // Publish the partial, then count this arrival. The fence orders each thread's partial stores
-  // before the barrier; thread 0's atomic comes after the barrier, so after all of them.
+  // Publish the partial, then count it. The fence orders each thread's partial stores before the
+  // barrier; thread 0's atomic comes after the barrier, so after all of them.
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const int contributors = last_contributor(plan, sk_tile) - first_contributor(plan, sk_tile) + 1;
-    arrived_last = atomicAdd(&p.counters[1 + sk_tile], 1) == contributors - 1 ? 1 : 0;
-  }
-  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(&p.counters[1 + sk_tile], 1);
   stamp(p, kStampArrived);
-  if (arrived_last != 0) {
-    __threadfence();  // the other contributors' partials, published before their atomics, are visible
-    sum_partials<Cfg>(p, plan, sk_tile, t);
-    stamp(p, kStampFixUpDone);
-  }
 }
 
 template <class Cfg, Scheduler kScheduler>
@@ -248,15 +195,15 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
       while (true) {
         if (threadIdx.x == 0) claimed = atomicAdd(&p.counters[0], 1);
         __syncthreads();
-        const int owner = claimed;
+        const int plan_block = claimed;
         __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
-        if (owner >= plan.sk_blocks) break;
+        if (plan_block >= plan.sk_blocks) break;
         stamp(p, kStampClaimed);
-        const WorkUnit unit = unit_of_block(plan, owner, static_tile_count(plan.dp_tiles, grid, owner));
+        const WorkUnit unit = unit_of_block(plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block));
         if (is_whole(plan, unit)) {
           whole_tile<Cfg>(p, unit.tile, m_tiles);
         } else {
-          stream_k_unit<Cfg>(p, plan, unit, m_tiles, owner);
+          stream_k_unit<Cfg>(p, plan, unit, m_tiles, plan_block);
         }
         __syncthreads();
       }

@@ -30,9 +30,14 @@
 /// whole tiles run in lockstep as in Chapter 5, and only the last wave's few tiles are split.
 ///
 /// A tile covered by one block's range is computed whole and stored directly. A tile split among
-/// blocks ("contributors", consecutive block ids, lowest id = lowest k) is stored by each
-/// contributor as an fp32 partial; the last contributor to arrive sums the partials in contributor
-/// order (= k order), rounds once and stores: deterministic whatever the arrival order.
+/// blocks ("contributors", consecutive block ids, lowest id = lowest k) is owned by its first
+/// contributor: every other contributor ("partner") stores its part as an fp32 partial and counts
+/// itself on the tile's arrival counter; the owner keeps its part in registers, waits for the
+/// partners, adds their partials in contributor order (= k order), rounds once and stores:
+/// deterministic whatever the arrival order. A block's range is at most one tile long, so it holds
+/// at most two split units: a partner's part of one tile, then the owner's part of the next. Owners
+/// wait only on partners' parts, and a partner's part never comes after an owner's part in its block,
+/// so no block waits on a block that is itself waiting.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -193,14 +198,18 @@ __host__ __device__ constexpr int last_contributor(const StreamKPlan& p, int sk_
   return sk_owner(p, static_cast<std::int64_t>(sk_tile + 1) * p.k_tiles - 1);
 }
 
-/// The partial-tile slot where block @p block stores its part of Stream-K tile @p sk_tile: a block
-/// has at most two split units, its range's first tile (slot 2·block) and its last (2·block + 1).
-__host__ __device__ constexpr int partial_slot(const StreamKPlan& p, int block, int sk_tile) {
-  return 2 * block + (sk_tile == static_cast<int>(sk_begin(p, block) / p.k_tiles) ? 0 : 1);
+/// True when block @p block owns the split unit @p unit (it holds the tile's first slices; see the
+/// file comment). Only for units that are not whole.
+__host__ __device__ constexpr bool owns(const StreamKPlan& p, int block, const WorkUnit& unit) {
+  return block == first_contributor(p, unit.tile - p.dp_tiles);
 }
 
-/// Partial-tile slots a launch on @p grid blocks may use (2 per block).
-__host__ __device__ constexpr int partial_slots(int grid) { return 2 * grid; }
+/// The partial-tile slot of block @p block: a block stores at most one partial (its partner part),
+/// so slot b is block b's.
+__host__ __device__ constexpr int partial_slot(int block) { return block; }
+
+/// Partial-tile slots a launch on @p grid blocks may use (one per block).
+__host__ __device__ constexpr int partial_slots(int grid) { return grid; }
 
 /// Arrival counters a launch on @p grid blocks may use: one per Stream-K tile (< 2 · grid).
 __host__ __device__ constexpr int arrival_counters(int grid) { return 2 * grid; }
