@@ -60,8 +60,8 @@ enum class Variant {
 
 // Counters (µs) from one stamped launch: the start of the earliest block is 0. Per phase, the median,
 // the smallest and the largest over the blocks that passed it: when the whole tiles were done (their
-// spread), the wait for a claim, a partner's piece from its claim to its stored partial (prologue,
-// main loop, store) and its arrival, an owner's wait for its partners and its fix-up (adding their
+// spread), the wait for a claim, a partner's piece from its claim to its stored and counted partial
+// (prologue, main loop, store), an owner's wait for its partners and its fix-up (adding their
 // partials, storing C), and when the blocks ended. A block that claims several units keeps the
 // stamps of the last; a phase whose two stamps come from different units is left out.
 void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& stamps, int grid) {
@@ -88,11 +88,10 @@ void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& st
   };
   summarise("whole_done", kc::ch06::kStampStart, kc::ch06::kStampWholeDone, true);
   summarise("claim_wait", kc::ch06::kStampWholeDone, kc::ch06::kStampClaimed, false);
-  summarise("piece", kc::ch06::kStampClaimed, kc::ch06::kStampPieceDone, false);
+  summarise("piece", kc::ch06::kStampClaimed, kc::ch06::kStampArrived, false);
   summarise("piece_prologue", kc::ch06::kStampClaimed, kc::ch06::kStampFirstSlice, false);
   summarise("piece_loop", kc::ch06::kStampFirstSlice, kc::ch06::kStampLoopDone, false);
-  summarise("piece_store", kc::ch06::kStampLoopDone, kc::ch06::kStampPieceDone, false);
-  summarise("arrive", kc::ch06::kStampPieceDone, kc::ch06::kStampArrived, false);
+  summarise("piece_store", kc::ch06::kStampLoopDone, kc::ch06::kStampArrived, false);
   summarise("owner_piece", kc::ch06::kStampClaimed, kc::ch06::kStampFixUpDone, false);
   summarise("owner_wait", kc::ch06::kStampLoopDone, kc::ch06::kStampPartnersIn, false);
   summarise("fix_up", kc::ch06::kStampPartnersIn, kc::ch06::kStampFixUpDone, false);

@@ -295,8 +295,9 @@ TEST(PersistentSchedule, StreamKPlansOfTheTailCases) {
 TEST(PersistentArguments, RulesAndWorkspace) {
   HostBuffer c;
   const GroupedGemmShape ok{4, 4, 8, 8};
-  // prefix 256 + counters round_up(4 · (1 + 264)) = 1280 + one 64 KiB partial tile per block.
-  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 256u + 1280u + 132u * 65536u);
+  // prefix 256 + counters round_up(4 · (1 + 264 tiles · 8 warps)) = 8704 + one 64 KiB partial tile
+  // per block.
+  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 256u + 8704u + 132u * 65536u);
   EXPECT_EQ(kc::ch06::persistent_workspace_bytes({4, 4, 8, 300}, 1), 1280u + 256u + 1u * 65536u);
   expect_invalid_argument([&] { kc::ch06::persistent_workspace_bytes(ok, 0); }, "grid (0) must be >= 1");
   expect_invalid_argument(

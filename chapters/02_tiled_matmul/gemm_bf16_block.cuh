@@ -518,46 +518,59 @@ struct Fp32Partial {
   static constexpr bool staged = false;       ///< stored from registers
   static constexpr bool fp32_partial = true;  ///< gemm_bf16_block_k_range writes fp32, not bf16
   float* partial;                             ///< block_m · block_n floats, 16-byte aligned
+  /// One counter per warp (or null): once warp w's part of the partial is stored, its lane 0 adds 1
+  /// to arrivals[w]. Thread t of the owner reads only what thread t stored, so the owner's warp w
+  /// needs nothing but warp w's counter: no block-wide barrier on either side.
+  int* arrivals = nullptr;
   /// A measurement (Chapter 6's phase stamps), or null: thread 0 writes %globaltimer to [0] once
   /// the first slice has landed and to [1] once the main loop is done (before the partial store).
   std::uint64_t* stamps = nullptr;
 
   /// Records point @p i when stamps were asked for.
   __device__ void stamp(int i) const { stamp_globaltimer(stamps, i); }
+
+  /// Called by every thread once its part of the partial is stored: publishes the warp's part.
+  __device__ void publish() const {
+    if (arrivals == nullptr) return;
+    __threadfence();  // this thread's stores, before the warp's count
+    __syncwarp();     // every lane's stores and fence, before lane 0's atomic
+    if (threadIdx.x % 32 == 0) atomicAdd(&arrivals[threadIdx.x / 32], 1);
+  }
 };
 
 /// Chapter 6's split tiles, the owner's part: the block computes its own K range (the tile's first),
-/// waits until @p partners other contributors have published their Fp32Partial (the counter at
-/// @p arrivals reaches @p partners), adds their partials to its accumulators, partner 0 first, and
-/// stores C as a whole tile would. The sum's order is fixed (k order: the owner's range, then the
-/// partners' in turn), so C has the same bits whichever block finishes first. The owner's own part
-/// never leaves its registers: no partial store, no read-back.
+/// waits until @p partners other contributors have published their Fp32Partial, adds their
+/// partials to its accumulators, partner 0 first, and stores C as a whole tile would. The sum's
+/// order is fixed (k order: the owner's range, then the partners' in turn), so C has the same bits
+/// whichever block finishes first. The owner's own part never leaves its registers: no partial
+/// store, no read-back.
 struct AddPartials {
-  static constexpr bool staged = false;       ///< C stored from registers
+  static constexpr bool staged = false;        ///< C stored from registers
   static constexpr bool adds_partials = true;  ///< gemm_bf16_block_k_range adds partials before storing
   const float* first_partial;                  ///< partner 0's Fp32Partial
   std::int64_t partial_stride;                 ///< floats from one partner's partial to the next
   int partners;                                ///< how many (1 or more)
-  const int* arrivals;                         ///< raised by 1 as each partner's partial is published
-  /// A measurement, or null: [0] first slice landed, [1] main loop done, [2] partners' partials in.
+  const int* arrivals;                         ///< the partners' per-warp counters (Fp32Partial::arrivals)
+  /// A measurement, or null: [0] first slice landed, [1] main loop done, [2] warp 0's partners in.
   std::uint64_t* stamps = nullptr;
 
   /// Records point @p i when stamps were asked for.
   __device__ void stamp(int i) const { stamp_globaltimer(stamps, i); }
 
-  /// Every thread returns once all partners' partials are visible to it. Thread 0 polls with
-  /// acquire loads (paired with the partners' fence-then-atomic publication); the barrier passes
-  /// that on to the block.
+  /// Every thread of warp w returns once all partners' warp-w parts are visible to it. Lane 0 polls
+  /// with acquire loads (paired with the partners' fence-then-atomic); the warp barrier passes that
+  /// on to the other lanes.
   __device__ void wait_for_partners() const {
-    if (threadIdx.x == 0) {
+    if (threadIdx.x % 32 == 0) {
+      const int* counter = &arrivals[threadIdx.x / 32];
       while (true) {
         int arrived = 0;
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(arrived) : "l"(arrivals) : "memory");
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(arrived) : "l"(counter) : "memory");
         if (arrived >= partners) break;
-        __nanosleep(64);
+        __nanosleep(32);
       }
     }
-    __syncthreads();
+    __syncwarp();
   }
 };
 
@@ -737,6 +750,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
                make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
       }
     }
+    epilogue.publish();
     return;
   }
   if constexpr (adds_partials<Epilogue>) {

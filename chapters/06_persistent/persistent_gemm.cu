@@ -39,7 +39,7 @@ constexpr int kTileFloats = kBlockM * kBlockN;     // one fp32 partial tile
 // Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
 struct WorkspaceLayout {
   std::int32_t* tile_prefix;  // [E + 1]
-  std::int32_t* counters;     // [0]: dynamic ticket counter; [1 + s]: arrivals at Stream-K tile s
+  std::int32_t* counters;     // [0]: dynamic ticket counter; [1 + 8·s + w]: warp w's arrivals at Stream-K tile s
   float* partials;            // [grid][128 × 128]: block b's partial in slot b (partial_slot)
 };
 
@@ -121,20 +121,22 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 //
 // The tile's first contributor (lowest k) owns it: its own part stays in registers, it waits for the
 // others' partials, adds them in contributor order (= k order) and stores C. Every other contributor
-// stores its part as an fp32 partial in its slot and counts itself on the tile's arrival counter.
+// stores its part as an fp32 partial in its slot, and each of its warps counts itself on the tile's
+// counter for that warp once its part is stored.
 // No wait can deadlock: a partner's part is the first split unit of its block (whole tiles before it
 // never wait), and an owner's part is the last unit of its block (schedule.hpp, tested on the CPU).
 template <class Cfg>
 __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
+  static_assert(Cfg::threads / 32 == kArrivalsPerTile, "one arrival counter per warp of the block tile");
   const TilePlace t = place_of(p, unit.tile, m_tiles);
   const int sk_tile = unit.tile - plan.dp_tiles;
-  const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
+  int* arrivals = p.counters + 1 + static_cast<std::int64_t>(sk_tile) * kArrivalsPerTile;
   std::uint64_t* piece_stamps =
       p.stamps == nullptr ? nullptr : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice;
   if (owns(plan, block, unit)) {
+    const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
     const ch02::block::AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first + 1)) * kTileFloats,
-                                         static_cast<std::int64_t>(kTileFloats), last - first,
-                                         &p.counters[1 + sk_tile], piece_stamps};
+                                         static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
                                               t.cols_left, p.paired, owner, unit.k_begin, unit.k_end);
     stamp(p, kStampFixUpDone);
@@ -142,15 +144,9 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
   }
   float* mine = p.partials + static_cast<std::int64_t>(partial_slot(block)) * kTileFloats;
   ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
-                                            t.cols_left, p.paired, Fp32Partial{mine, piece_stamps}, unit.k_begin,
-                                            unit.k_end);
-  stamp(p, kStampPieceDone);
-  // Publish the partial, then count it. The fence orders each thread's partial stores before the
-  // barrier; thread 0's atomic comes after the barrier, so after all of them.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(&p.counters[1 + sk_tile], 1);
-  stamp(p, kStampArrived);
+                                            t.cols_left, p.paired, Fp32Partial{mine, arrivals, piece_stamps},
+                                            unit.k_begin, unit.k_end);
+  stamp(p, kStampArrived);  // thread 0: its warp's part is stored and counted
 }
 
 template <class Cfg, Scheduler kScheduler>

@@ -64,17 +64,16 @@ struct PersistentOptions {
 
 /// The points of a block's work that PersistentOptions::phase_stamps records.
 enum PhaseStamp : int {
-  kStampStart = 0,        ///< the block starts
-  kStampWholeDone = 1,    ///< its whole tiles are done
-  kStampClaimed = 2,      ///< it holds a claimed tail unit (the last one it claims)
-  kStampPieceDone = 3,    ///< a partner's unit: its math is done and its partial stored
-  kStampArrived = 4,      ///< a partner's unit: its partial is counted on the tile's arrivals
-  kStampFixUpDone = 5,    ///< an owner's unit: the partners' partials are added and C is stored
-  kStampEnd = 6,          ///< the block is done
-  kStampFirstSlice = 7,   ///< the unit's first slice has landed (its pipeline prologue is done)
-  kStampLoopDone = 8,     ///< the unit's main loop is done
-  kStampPartnersIn = 9,   ///< an owner's unit: every partner's partial is in (its wait is over)
-  kPhaseStamps = 10,      ///< entries per block
+  kStampStart = 0,       ///< the block starts
+  kStampWholeDone = 1,   ///< its whole tiles are done
+  kStampClaimed = 2,     ///< it holds a claimed tail unit (the last one it claims)
+  kStampArrived = 3,     ///< a partner's unit: warp 0's part of its partial is stored and counted
+  kStampFixUpDone = 4,   ///< an owner's unit: the partners' partials are added and C is stored
+  kStampEnd = 5,         ///< the block is done
+  kStampFirstSlice = 6,  ///< the unit's first slice has landed (its pipeline prologue is done)
+  kStampLoopDone = 7,    ///< the unit's main loop is done
+  kStampPartnersIn = 8,  ///< an owner's unit: warp 0's wait for the partners' parts is over
+  kPhaseStamps = 9,      ///< entries per block
 };
 
 /// Blocks of the persistent grid on the current device for @p scheduler: SMs × the kernel's
@@ -87,7 +86,7 @@ int persistent_slots(Scheduler scheduler);
 int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler);
 
 /// Device workspace for a launch on @p grid blocks, pure arithmetic (CPU-tested): the tile prefix
-/// ((E + 1) int32), the dynamic counter and the Stream-K arrival counters (1 + 2·grid int32), the
+/// ((E + 1) int32), the dynamic counter and the Stream-K arrival counters (1 + 2·grid·8 int32), the
 /// Stream-K partial tiles (grid × 128 × 128 fp32: one per block), each part rounded up to 256 bytes. Throws
 /// kc::InvalidArgument for a bad shape.experts or grid < 1.
 std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid);

@@ -211,7 +211,13 @@ __host__ __device__ constexpr int partial_slot(int block) { return block; }
 /// Partial-tile slots a launch on @p grid blocks may use (one per block).
 __host__ __device__ constexpr int partial_slots(int grid) { return grid; }
 
-/// Arrival counters a launch on @p grid blocks may use: one per Stream-K tile (< 2 · grid).
-__host__ __device__ constexpr int arrival_counters(int grid) { return 2 * grid; }
+/// Arrival counters per Stream-K tile: one per warp of the 128 × 128 block tile (8 warps). A
+/// partner's warp w counts itself on its tile's counter w once its part of the partial is stored,
+/// and the owner's warp w waits on that counter alone (gemm_bf16_block.cuh, Fp32Partial).
+inline constexpr int kArrivalsPerTile = 8;
+
+/// Arrival counters a launch on @p grid blocks may use: kArrivalsPerTile per Stream-K tile
+/// (fewer than 2 · grid tiles).
+__host__ __device__ constexpr int arrival_counters(int grid) { return 2 * grid * kArrivalsPerTile; }
 
 }  // namespace kc::ch06
