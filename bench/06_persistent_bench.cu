@@ -54,6 +54,8 @@ enum class Variant {
   split_k_tail_unclaimed,  // KC_TUNE: split-K with block b taking tail unit b (no claiming)
   split_k_tail_phases,     // KC_TUNE: split-K timed as usual, then one launch with phase stamps
   stream_k,
+  stream_k_unclaimed,      // KC_TUNE: Stream-K with block b taking range b (no claiming)
+  stream_k_phases,         // KC_TUNE: Stream-K timed as usual, then one launch with phase stamps
   cublas_loop,
   cublas_grouped
 };
@@ -122,7 +124,7 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   auto persistent = [&](Scheduler scheduler, bool claim_tail = true) {
     kc::ch06::PersistentOptions options;
     options.scheduler = scheduler;
-    options.split_k_claim_tail = claim_tail;
+    options.claim_tail = claim_tail;
     kc::ch06::grouped_gemm_persistent(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
                                       workspace.size(), options, stream);
   };
@@ -137,7 +139,9 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
       case Variant::split_k_tail: persistent(Scheduler::split_k_tail); break;
       case Variant::split_k_tail_unclaimed: persistent(Scheduler::split_k_tail, false); break;
       case Variant::split_k_tail_phases: persistent(Scheduler::split_k_tail); break;
-      case Variant::stream_k: persistent(Scheduler::stream_k); break;
+      case Variant::stream_k:
+      case Variant::stream_k_phases: persistent(Scheduler::stream_k); break;
+      case Variant::stream_k_unclaimed: persistent(Scheduler::stream_k, false); break;
       case Variant::cublas_loop:
         kc::ch05::cublas_grouped_loop(cublas, s, a.data(), w.data(), c.data(), host_offsets, stream);
         break;
@@ -147,13 +151,14 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   launch();  // warm-up: module loading, attributes, occupancy, cuBLAS heuristics
   kc::check(cudaStreamSynchronize(stream));
   kc::bench::time_batches(state, stream, 1, [&](int) { launch(); });
-  if (variant == Variant::split_k_tail_phases) {
-    // One more launch, untimed, with every block's phase stamps: where split-K's tail time goes.
-    const int grid = kc::ch06::persistent_grid(s, Scheduler::split_k_tail);
+  if (variant == Variant::split_k_tail_phases || variant == Variant::stream_k_phases) {
+    // One more launch, untimed, with every block's phase stamps: where the tail's time goes.
+    const Scheduler scheduler = variant == Variant::stream_k_phases ? Scheduler::stream_k : Scheduler::split_k_tail;
+    const int grid = kc::ch06::persistent_grid(s, scheduler);
     kc::DeviceBuffer<std::uint64_t> stamps(static_cast<std::size_t>(grid) * kc::ch06::kPhaseStamps);
     stamps.fill_bytes(0);
     kc::ch06::PersistentOptions options;
-    options.scheduler = Scheduler::split_k_tail;
+    options.scheduler = scheduler;
     options.phase_stamps = stamps.data();
     kc::ch06::grouped_gemm_persistent(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
                                       workspace.size(), options, stream);
@@ -194,14 +199,16 @@ void register_contention_probe() {
 void register_benchmarks(const kc::DeviceInfo& device) {
   if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
     register_contention_probe();
-    // The tail cases: split-K with the tail claimed by the blocks done first, against block b taking
-    // tail unit b, Stream-K and Chapter 5's kernel.
+    // The tail cases: split-K and Stream-K with the tail claimed by the blocks done first, against
+    // block b taking tail range b, and Chapter 5's kernel.
     for (const BenchCase& cs : kc::ch06::benchmark_cases()) {
       if (cs.label.rfind("tail_", 0) != 0) continue;
       for (const auto& [name, variant] :
            {std::pair{"before", Variant::before}, std::pair{"split_k", Variant::split_k_tail},
             std::pair{"split_k_unclaimed", Variant::split_k_tail_unclaimed}, std::pair{"stream_k", Variant::stream_k},
-            std::pair{"split_k_phases", Variant::split_k_tail_phases}}) {
+            std::pair{"stream_k_unclaimed", Variant::stream_k_unclaimed},
+            std::pair{"split_k_phases", Variant::split_k_tail_phases},
+            std::pair{"stream_k_phases", Variant::stream_k_phases}}) {
         const std::string label = "ch06/tune_tail_" + std::string(name) + "/" + cs.label;
         kc::bench::configure(benchmark::RegisterBenchmark(
             label.c_str(), [cs, variant = variant](benchmark::State& st) { bench_case(st, cs, variant); }));

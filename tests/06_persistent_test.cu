@@ -433,17 +433,20 @@ TEST_F(PersistentGpu, TailCaseMatchesChapter5) {
   }
 }
 
-// Split-K's tail, claimed by whichever blocks finish their whole tiles first or taken by block b for
-// unit b: the same units, partials and order of sums, so the same bits (the tail case above, where
-// the grid has more blocks than the tail has units on an H200, so some blocks take none).
-TEST_F(PersistentGpu, ClaimingTheSplitKTailChangesNoBit) {
+// The tail (split-K's units, Stream-K's ranges), claimed by whichever blocks finish their whole
+// tiles first or taken by block b for range b: the same units, partials and order of sums, so the
+// same bits (the tail case above, where the split-K grid has more blocks than the tail has units on
+// an H200, so some blocks take none).
+TEST_F(PersistentGpu, ClaimingTheTailChangesNoBit) {
   if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
   const Problem p = random_problem({384, 384, 384, 384}, 2048, 1024, kc::test::test_seed());
-  const Scheduler split = Scheduler::split_k_tail;
-  const std::vector<bf16> claimed = run_path(p, &split, nullptr, 100, true);
-  const std::vector<bf16> unclaimed = run_path(p, &split, nullptr, 100, false);
-  expect_matches_fp64(p, claimed, 12);
-  EXPECT_EQ(std::memcmp(claimed.data(), unclaimed.data(), claimed.size() * sizeof(bf16)), 0);
+  for (Scheduler s : {Scheduler::split_k_tail, Scheduler::stream_k}) {
+    SCOPED_TRACE(name_of(s));
+    const std::vector<bf16> claimed = run_path(p, &s, nullptr, 100, true);
+    const std::vector<bf16> unclaimed = run_path(p, &s, nullptr, 100, false);
+    expect_matches_fp64(p, claimed, 12);
+    EXPECT_EQ(std::memcmp(claimed.data(), unclaimed.data(), claimed.size() * sizeof(bf16)), 0);
+  }
 }
 
 TEST_F(PersistentGpu, AllExpertsEmpty) {

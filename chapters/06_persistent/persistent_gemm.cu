@@ -83,7 +83,7 @@ struct Problem {
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
-  bool claim_tail;        // split_k_tail: tail units claimed from counters[0] (PersistentOptions::split_k_claim_tail)
+  bool claim_tail;        // stream_k, split_k_tail: tail ranges claimed from counters[0] (PersistentOptions::claim_tail)
   std::uint64_t* stamps;  // PersistentOptions::phase_stamps (a measurement), or null
 };
 
@@ -175,11 +175,11 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
     const StreamKPlan plan = kScheduler == Scheduler::stream_k
                                  ? stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent)
                                  : split_k_tail_plan(tiles, k_tiles, grid, p.max_tail_percent);
-    if (kScheduler == Scheduler::split_k_tail && p.claim_tail) {
-      // Split-K, tail claimed: this block's whole tiles, then units of the tail in ticket order.
-      // Every plan block has exactly one tail unit (split_k_tail_plan), so ticket b names plan block
-      // b's unit; the blocks whose whole tiles finish first take the tail, and the slowest, when
-      // there are fewer units than blocks, take none.
+    if (p.claim_tail) {
+      // Tail claimed: this block's whole tiles, then the tail's ranges in ticket order: ticket r
+      // names plan block r's range (its one split-K unit, or its one or two Stream-K units), so the
+      // blocks whose whole tiles finish first take the tail, and the slowest, when there are fewer
+      // ranges than blocks, take none. The units, partials and sums are those of the plan.
       stamp(p, kStampStart);
       const int whole = static_tile_count(plan.dp_tiles, grid, block);
       for (int u = 0; u < whole; ++u) {
@@ -195,13 +195,16 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
         __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
         if (plan_block >= plan.sk_blocks) break;
         stamp(p, kStampClaimed);
-        const WorkUnit unit = unit_of_block(plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block));
-        if (is_whole(plan, unit)) {
-          whole_tile<Cfg>(p, unit.tile, m_tiles);
-        } else {
-          stream_k_unit<Cfg>(p, plan, unit, m_tiles, plan_block);
+        const int units = units_of_block(plan, plan_block);
+        for (int u = static_tile_count(plan.dp_tiles, grid, plan_block); u < units; ++u) {
+          const WorkUnit unit = unit_of_block(plan, plan_block, u);
+          if (is_whole(plan, unit)) {
+            whole_tile<Cfg>(p, unit.tile, m_tiles);
+          } else {
+            stream_k_unit<Cfg>(p, plan, unit, m_tiles, plan_block);
+          }
+          __syncthreads();
         }
-        __syncthreads();
       }
       stamp(p, kStampEnd);
       return;
@@ -332,7 +335,7 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
                   ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m,
                   options.stream_k_max_tail_percent,
                   // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
-                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.split_k_claim_tail,
+                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.claim_tail,
                   options.phase_stamps};
   if (limits.medium4) {
     launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);

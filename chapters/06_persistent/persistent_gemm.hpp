@@ -51,11 +51,11 @@ struct PersistentOptions {
   Scheduler scheduler = Scheduler::stream_k;               ///< the scheduler
   int group_m = ch05::kDefaultGroupM;                      ///< grouped order's band height, >= 1
   int stream_k_max_tail_percent = kDefaultMaxTailPercent;  ///< Stream-K only below this last-wave fill, [0, 100]
-  /// split_k_tail: the blocks claim the tail's units from a counter as they finish their whole
-  /// tiles (the blocks done first take them), instead of block b taking unit b. The units, their
-  /// partials and the sums are the same either way.
-  bool split_k_claim_tail = true;
-  /// A measurement (the benchmark's KC_TUNE phase rows), split_k_tail with a claimed tail only: when
+  /// stream_k and split_k_tail: the blocks claim the tail's ranges from a counter as they finish
+  /// their whole tiles (the blocks done first take them), instead of block b taking range b. The
+  /// units, their partials and the sums are the same either way.
+  bool claim_tail = true;
+  /// A measurement (the benchmark's KC_TUNE phase rows), stream_k or split_k_tail with a claimed tail: when
   /// set, thread 0 of block b writes %globaltimer (ns) to phase_stamps[b · kPhaseStamps + i] as it
   /// passes point i (PhaseStamp), and leaves the entries of points it never passes as they were.
   /// Needs grid × kPhaseStamps entries (persistent_grid).
