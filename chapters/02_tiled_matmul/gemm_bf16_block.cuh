@@ -499,40 +499,6 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
   }
 }
 
-/// A block's next K range of a tile (Chapter 6's Stream-K: the second split unit of a block), whose
-/// first slices a block can put in flight before it stores the current one (Fp32Partial::next):
-/// the same arguments gemm_bf16_block_k_range takes for it. `a == nullptr`: no next range.
-struct NextRange {
-  const __nv_bfloat16* a = nullptr;  ///< A (the matrix's first element), or null for none
-  const __nv_bfloat16* w = nullptr;  ///< the tile's expert's W
-  int k = 0, block_row0 = 0, block_col0 = 0, rows_left = 0, cols_left = 0;
-  int k_tile_begin = 0, k_tile_end = 0;
-};
-
-/// Issues the pipeline prologue of @p next (its first slices, one committed group per stage, as
-/// gemm_bf16_block_k_range's prologue does) into this block's buffers. Every thread calls it, after
-/// a barrier that ends every warp's reads of the buffers. The call for @p next then passes
-/// prologue_in_flight = true and finds its first slices landed or landing.
-template <class Cfg>
-__device__ __forceinline__ void issue_prologue(const NextRange& next) {
-  constexpr int kPrologue = Cfg::early_refill ? Cfg::stages : Cfg::stages - 1;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const std::uint32_t smem_base = shared_address(smem);
-  const int tid = static_cast<int>(threadIdx.x);
-  const SliceCopy<Cfg::block_m, Cfg::threads> a_copy(next.a + static_cast<std::int64_t>(next.block_row0) * next.k,
-                                                     next.rows_left, next.k, tid);
-  const SliceCopy<Cfg::block_n, Cfg::threads> w_copy(next.w + static_cast<std::int64_t>(next.block_col0) * next.k,
-                                                     next.cols_left, next.k, tid);
-  for (int s = 0; s < kPrologue; ++s) {
-    if (s < next.k_tile_end - next.k_tile_begin) {
-      const std::uint32_t stage_base = smem_base + s * Cfg::stage_bytes;
-      a_copy.issue(stage_base, (next.k_tile_begin + s) * kBlockK, next.k, next.a);
-      w_copy.issue(stage_base + Cfg::block_m * kRowBytes, (next.k_tile_begin + s) * kBlockK, next.k, next.w);
-    }
-    cp_async_commit();
-  }
-}
-
 /// Thread 0 writes %globaltimer to @p stamps[@p i] when @p stamps is not null (Chapter 6's phase
 /// stamps, a measurement).
 __device__ __forceinline__ void stamp_globaltimer(std::uint64_t* stamps, int i) {
@@ -559,9 +525,6 @@ struct Fp32Partial {
   /// A measurement (Chapter 6's phase stamps), or null: thread 0 writes %globaltimer to [0] once
   /// the first slice has landed and to [1] once the main loop is done (before the partial store).
   std::uint64_t* stamps = nullptr;
-  /// The block's next K range, if any: its first slices go in flight before the partial is stored,
-  /// so that range's pipeline fill overlaps the store and the publication.
-  NextRange next = {};
 
   /// Records point @p i when stamps were asked for.
   __device__ void stamp(int i) const { stamp_globaltimer(stamps, i); }
@@ -632,9 +595,7 @@ inline constexpr bool adds_partials = requires {
 /// expert (its A rows, its W, the same C). Every thread of the block must call it, with
 /// Cfg::smem_bytes of dynamic shared memory.
 /// This is gemm_bf16_block restricted to the 64-wide K slices [@p k_tile_begin, @p k_tile_end)
-/// (0 <= begin < end <= ceil(k / 64)): Chapter 6's Stream-K splits a tile's K among blocks. With
-/// @p prologue_in_flight, the range's first slices were issued already (issue_prologue, from the
-/// block's previous range) and the prologue only waits for them.
+/// (0 <= begin < end <= ceil(k / 64)): Chapter 6's Stream-K splits a tile's K among blocks.
 /// gemm_bf16_block is this function over all slices; with the constant 0 the compiled code of
 /// every existing kernel is unchanged (checked: same registers, .text sizes and SASS).
 template <class Cfg, class Epilogue>
@@ -642,8 +603,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
                                                         const __nv_bfloat16* __restrict__ w,
                                                         __nv_bfloat16* __restrict__ c, int n, int k, int block_row0,
                                                         int block_col0, int rows_left, int cols_left, bool paired,
-                                                        const Epilogue& epilogue, int k_tile_begin, int k_tile_end,
-                                                        bool prologue_in_flight = false) {
+                                                        const Epilogue& epilogue, int k_tile_begin, int k_tile_end) {
   constexpr int kThreads = Cfg::threads;
   constexpr int kStages = Cfg::stages;
   constexpr int kMTiles = Cfg::warp_m / 16;  // m16 tiles per warp
@@ -723,11 +683,9 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
       cp_async_commit();
     }
   }
-  if (!prologue_in_flight) {  // else issue_prologue() has issued and committed these groups already
-    for (int s = 0; s < kPrologue; ++s) {
-      if (s < k_tiles) issue_copies(s, s);
-      cp_async_commit();
-    }
+  for (int s = 0; s < kPrologue; ++s) {
+    if (s < k_tiles) issue_copies(s, s);
+    cp_async_commit();
   }
   cp_async_wait<kPrologue - 1>();
   __syncthreads();
@@ -782,10 +740,6 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   const auto fragment_index = [tid](int mt, int nt) { return (mt * kNTiles + nt) * kThreads + tid; };
   if constexpr (is_fp32_partial<Epilogue>) {
     epilogue.stamp(1);
-    if (epilogue.next.a != nullptr) {
-      __syncthreads();  // every warp is done reading the buffers the next range's copies overwrite
-      issue_prologue<Cfg>(epilogue.next);
-    }
     float4* partial = reinterpret_cast<float4*>(epilogue.partial);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {

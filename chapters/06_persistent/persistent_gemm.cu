@@ -125,12 +125,8 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 // counter for that warp once its part is stored.
 // No wait can deadlock: a partner's part is the first split unit of its block (whole tiles before it
 // never wait), and an owner's part is the last unit of its block (schedule.hpp, tested on the CPU).
-//
-// @p next: a partner part followed in its block by an owner part (Stream-K) puts that part's first
-// slices in flight before storing its partial; the owner part then runs with @p prologue_in_flight.
 template <class Cfg>
-__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block,
-                              const ch02::block::NextRange& next, bool prologue_in_flight) {
+__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
   static_assert(Cfg::threads / 32 == kArrivalsPerTile, "one arrival counter per warp of the block tile");
   const TilePlace t = place_of(p, unit.tile, m_tiles);
   const int sk_tile = unit.tile - plan.dp_tiles;
@@ -142,47 +138,15 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
     const ch02::block::AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first + 1)) * kTileFloats,
                                          static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
-                                              t.cols_left, p.paired, owner, unit.k_begin, unit.k_end,
-                                              prologue_in_flight);
+                                              t.cols_left, p.paired, owner, unit.k_begin, unit.k_end);
     stamp(p, kStampFixUpDone);
     return;
   }
   float* mine = p.partials + static_cast<std::int64_t>(partial_slot(block)) * kTileFloats;
   ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
-                                            t.cols_left, p.paired, Fp32Partial{mine, arrivals, piece_stamps, next},
-                                            unit.k_begin, unit.k_end, prologue_in_flight);
+                                            t.cols_left, p.paired, Fp32Partial{mine, arrivals, piece_stamps},
+                                            unit.k_begin, unit.k_end);
   stamp(p, kStampArrived);  // thread 0: its warp's part is stored and counted
-}
-
-// The arguments of @p unit for issue_prologue.
-__device__ ch02::block::NextRange next_range_of(const Problem& p, const WorkUnit& unit, int m_tiles) {
-  const TilePlace t = place_of(p, unit.tile, m_tiles);
-  return {p.a, t.w_expert, p.k, t.row0, t.col0, t.rows_left, t.cols_left, unit.k_begin, unit.k_end};
-}
-
-// Plan block @p plan_block's units from @p first_unit on: whole tiles directly, split ones through
-// stream_k_unit. A partner part followed by a split part (a Stream-K range that straddles two tiles)
-// starts the second part's pipeline before it stores its partial.
-template <class Cfg>
-__device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_block, int first_unit, int m_tiles) {
-  const int units = units_of_block(plan, plan_block);
-  bool in_flight = false;
-  for (int u = first_unit; u < units; ++u) {
-    const WorkUnit unit = unit_of_block(plan, plan_block, u);
-    if (is_whole(plan, unit)) {
-      whole_tile<Cfg>(p, unit.tile, m_tiles);
-      in_flight = false;
-    } else {
-      ch02::block::NextRange next;
-      if (u + 1 < units && !owns(plan, plan_block, unit)) {
-        const WorkUnit following = unit_of_block(plan, plan_block, u + 1);
-        if (!is_whole(plan, following)) next = next_range_of(p, following, m_tiles);
-      }
-      stream_k_unit<Cfg>(p, plan, unit, m_tiles, plan_block, next, in_flight);
-      in_flight = next.a != nullptr;
-    }
-    __syncthreads();  // every warp is done with shared memory (and `next`'s copies are its only use)
-  }
 }
 
 template <class Cfg, Scheduler kScheduler>
@@ -231,12 +195,30 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
         __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
         if (plan_block >= plan.sk_blocks) break;
         stamp(p, kStampClaimed);
-        run_units<Cfg>(p, plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block), m_tiles);
+        const int units = units_of_block(plan, plan_block);
+        for (int u = static_tile_count(plan.dp_tiles, grid, plan_block); u < units; ++u) {
+          const WorkUnit unit = unit_of_block(plan, plan_block, u);
+          if (is_whole(plan, unit)) {
+            whole_tile<Cfg>(p, unit.tile, m_tiles);
+          } else {
+            stream_k_unit<Cfg>(p, plan, unit, m_tiles, plan_block);
+          }
+          __syncthreads();
+        }
       }
       stamp(p, kStampEnd);
       return;
     }
-    run_units<Cfg>(p, plan, block, 0, m_tiles);
+    const int units = units_of_block(plan, block);
+    for (int u = 0; u < units; ++u) {
+      const WorkUnit unit = unit_of_block(plan, block, u);
+      if (is_whole(plan, unit)) {
+        whole_tile<Cfg>(p, unit.tile, m_tiles);
+      } else {
+        stream_k_unit<Cfg>(p, plan, unit, m_tiles, block);
+      }
+      __syncthreads();
+    }
   }
 }
 
