@@ -146,10 +146,10 @@ TEST(PersistentSchedule, DynamicCoversEveryTileOnceInAnyOrder) {
 
 // Stream-K: every (tile, k-slice) exactly once; units in whole slices inside [0, k_tiles); whole
 // tiles only where no other block touches the tile; split tiles' contributors are exactly the
-// blocks that hold a part, consecutive, in k order. The owner (first contributor) of a split tile
-// waits for its partners, so: a block's owner part is its last unit, a partner part never follows
-// an owner part (no block waits on a waiting block), and a block stores at most one partial, in its
-// own slot.
+// blocks that hold a part, consecutive, in k order. The owner (last contributor) of a split tile
+// waits for its partners, so: a block's owner part is its last unit and a partner part its first
+// Stream-K unit (no block waits on a waiting block), the partners are lower blocks than the owner,
+// and a block stores at most one partial, in its own slot.
 // Both plans (Stream-K and the split-K tail) go through the same checks; the split-K plan must
 // also give every block at most one unit.
 void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent, bool split_k = false) {
@@ -187,7 +187,10 @@ void check_stream_k(int tiles, int k_tiles, int grid, int max_tail_percent, bool
         ++split_units;
         if (kc::ch06::owns(p, b, unit)) {
           ASSERT_EQ(u, units - 1) << "block " << b << ": an owner part is the block's last unit";
+          ASSERT_EQ(b, kc::ch06::last_contributor(p, unit.tile - p.dp_tiles)) << "partners are lower blocks";
         } else {
+          ASSERT_EQ(u, kc::ch06::static_tile_count(p.dp_tiles, grid, b))
+              << "block " << b << ": a partner part is the block's first Stream-K unit";
           ++partner_units;
           const int slot = kc::ch06::partial_slot(b);
           ASSERT_GE(slot, 0);

@@ -538,12 +538,11 @@ struct Fp32Partial {
   }
 };
 
-/// Chapter 6's split tiles, the owner's part: the block computes its own K range (the tile's first),
-/// waits until @p partners other contributors have published their Fp32Partial, adds their
-/// partials to its accumulators, partner 0 first, and stores C as a whole tile would. The sum's
-/// order is fixed (k order: the owner's range, then the partners' in turn), so C has the same bits
-/// whichever block finishes first. The owner's own part never leaves its registers: no partial
-/// store, no read-back.
+/// Chapter 6's split tiles, the owner's part: the block computes its own K range, waits until
+/// @p partners other contributors have published their Fp32Partial, adds their partials to its
+/// accumulators, partner 0 first, and stores C as a whole tile would. The order of the additions is
+/// fixed (the owner's range, then each partner's in turn), so C has the same bits whichever block
+/// finishes first. The owner's own part never leaves its registers: no partial store, no read-back.
 struct AddPartials {
   static constexpr bool staged = false;        ///< C stored from registers
   static constexpr bool adds_partials = true;  ///< gemm_bf16_block_k_range adds partials before storing

@@ -119,12 +119,11 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 // partial slot and its place among the tile's contributors): blockIdx.x, or with claimed tail units
 // whichever plan block the claimed ticket names.
 //
-// The tile's first contributor (lowest k) owns it: its own part stays in registers, it waits for the
-// others' partials, adds them in contributor order (= k order) and stores C. Every other contributor
-// stores its part as an fp32 partial in its slot, and each of its warps counts itself on the tile's
-// counter for that warp once its part is stored.
-// No wait can deadlock: a partner's part is the first split unit of its block (whole tiles before it
-// never wait), and an owner's part is the last unit of its block (schedule.hpp, tested on the CPU).
+// The tile's last contributor (highest k) owns it: its own part stays in registers, it waits for the
+// others' partials, adds them in contributor order and stores C. Every other contributor stores its
+// part as an fp32 partial in its slot, and each of its warps counts itself on the tile's counter for
+// that warp once its part is stored. No wait can deadlock: a partner part never waits, and an owner
+// waits only for the partner parts of lower blocks (schedule.hpp, tested on the CPU).
 template <class Cfg>
 __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
   static_assert(Cfg::threads / 32 == kArrivalsPerTile, "one arrival counter per warp of the block tile");
@@ -135,7 +134,7 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
       p.stamps == nullptr ? nullptr : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice;
   if (owns(plan, block, unit)) {
     const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
-    const ch02::block::AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first + 1)) * kTileFloats,
+    const ch02::block::AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first)) * kTileFloats,
                                          static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
                                               t.cols_left, p.paired, owner, unit.k_begin, unit.k_end);

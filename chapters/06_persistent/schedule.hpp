@@ -30,14 +30,16 @@
 /// whole tiles run in lockstep as in Chapter 5, and only the last wave's few tiles are split.
 ///
 /// A tile covered by one block's range is computed whole and stored directly. A tile split among
-/// blocks ("contributors", consecutive block ids, lowest id = lowest k) is owned by its first
+/// blocks ("contributors", consecutive block ids, lowest id = lowest k) is owned by its last
 /// contributor: every other contributor ("partner") stores its part as an fp32 partial and counts
-/// itself on the tile's arrival counter; the owner keeps its part in registers, waits for the
-/// partners, adds their partials in contributor order (= k order), rounds once and stores:
-/// deterministic whatever the arrival order. A block's range is at most one tile long, so it holds
-/// at most two split units: a partner's part of one tile, then the owner's part of the next. Owners
-/// wait only on partners' parts, and a partner's part never comes after an owner's part in its block,
-/// so no block waits on a block that is itself waiting.
+/// itself on the tile's arrival counters; the owner keeps its part in registers, waits for the
+/// partners, adds their partials in contributor order and stores. The order of the additions is
+/// fixed, so the result is the same bits whatever the arrival order. A block's range is at most one
+/// tile long, so it holds at most two split units, and it runs them in decreasing tile order: first
+/// its part of the later tile (a partner part: that tile's first slices), then its part of the
+/// earlier one (that tile's last slices: the owner part). So a partner part never waits, an owner
+/// waits only for partner parts, and only for those of lower blocks (lower tickets, when the tail is
+/// claimed), which started before it: no wait can deadlock, even with blocks not all resident.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -169,14 +171,18 @@ __host__ __device__ constexpr int units_of_block(const StreamKPlan& p, int block
   return dp + sk;
 }
 
-/// The @p u-th unit of block @p block (0 <= u < units_of_block).
+/// The @p u-th unit of block @p block (0 <= u < units_of_block). The Stream-K units come in
+/// decreasing tile order: a range that straddles two tiles first does its part of the later tile
+/// (the part holding that tile's first slices: a partner part), then its part of the earlier one
+/// (that tile's last slices: the owner part). See the file comment for why.
 __host__ __device__ constexpr WorkUnit unit_of_block(const StreamKPlan& p, int block, int u) {
   const int dp = static_tile_count(p.dp_tiles, p.grid, block);
   if (u < dp) return WorkUnit{static_tile(p.grid, block, u), 0, p.k_tiles};
   const std::int64_t begin = sk_begin(p, block), end = sk_begin(p, block + 1);
-  const std::int64_t local = begin / p.k_tiles + (u - dp);  // Stream-K tile, counted from dp_tiles
+  const std::int64_t last_local = (end - 1) / p.k_tiles;      // the range's last Stream-K tile
+  const std::int64_t local = last_local - (u - dp);           // Stream-K tile, counted from dp_tiles
   const std::int64_t tile_start = local * p.k_tiles;
-  const std::int64_t from = u == dp ? begin : tile_start;
+  const std::int64_t from = begin > tile_start ? begin : tile_start;
   const std::int64_t to = end < tile_start + p.k_tiles ? end : tile_start + p.k_tiles;
   return WorkUnit{p.dp_tiles + static_cast<int>(local), static_cast<int>(from - tile_start),
                   static_cast<int>(to - tile_start)};
@@ -198,10 +204,10 @@ __host__ __device__ constexpr int last_contributor(const StreamKPlan& p, int sk_
   return sk_owner(p, static_cast<std::int64_t>(sk_tile + 1) * p.k_tiles - 1);
 }
 
-/// True when block @p block owns the split unit @p unit (it holds the tile's first slices; see the
+/// True when block @p block owns the split unit @p unit (it holds the tile's last slices; see the
 /// file comment). Only for units that are not whole.
 __host__ __device__ constexpr bool owns(const StreamKPlan& p, int block, const WorkUnit& unit) {
-  return block == first_contributor(p, unit.tile - p.dp_tiles);
+  return block == last_contributor(p, unit.tile - p.dp_tiles);
 }
 
 /// The partial-tile slot of block @p block: a block stores at most one partial (its partner part),
