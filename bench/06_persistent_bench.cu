@@ -54,8 +54,8 @@ enum class Variant {
   split_k_tail_unclaimed,  // KC_TUNE: split-K with block b taking tail unit b (no claiming)
   split_k_tail_phases,     // KC_TUNE: split-K timed as usual, then one launch with phase stamps
   stream_k,
-  stream_k_unclaimed,      // KC_TUNE: Stream-K with block b taking range b (no claiming)
-  stream_k_phases,         // KC_TUNE: Stream-K timed as usual, then one launch with phase stamps
+  stream_k_unclaimed,  // KC_TUNE: Stream-K with block b taking range b (no claiming)
+  stream_k_phases,     // KC_TUNE: Stream-K timed as usual, then one launch with phase stamps
   cublas_loop,
   cublas_grouped
 };

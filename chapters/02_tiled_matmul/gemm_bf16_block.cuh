@@ -757,8 +757,8 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
     epilogue.wait_for_partners();
     epilogue.stamp(2);
     for (int j = 0; j < epilogue.partners; ++j) {
-      const float4* partial =
-          reinterpret_cast<const float4*>(epilogue.first_partial + static_cast<std::int64_t>(j) * epilogue.partial_stride);
+      const float4* partial = reinterpret_cast<const float4*>(epilogue.first_partial +
+                                                              static_cast<std::int64_t>(j) * epilogue.partial_stride);
       // All of this partner's loads in flight before the first add: one L2 round trip per partner.
       // __ldcg: from L2, never from this SM's L1, which holds nothing of other blocks' writes.
       float4 part[kMTiles][kNTiles];

@@ -83,7 +83,7 @@ struct Problem {
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
-  bool claim_tail;        // stream_k, split_k_tail: tail ranges claimed from counters[0] (PersistentOptions::claim_tail)
+  bool claim_tail;  // stream_k, split_k_tail: tail ranges claimed from counters[0] (PersistentOptions::claim_tail)
   std::uint64_t* stamps;  // PersistentOptions::phase_stamps (a measurement), or null
 };
 
@@ -136,15 +136,15 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
     const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
     const ch02::block::AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first)) * kTileFloats,
                                          static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
-    ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
-                                              t.cols_left, p.paired, owner, unit.k_begin, unit.k_end);
+    ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
+                                              p.paired, owner, unit.k_begin, unit.k_end);
     stamp(p, kStampFixUpDone);
     return;
   }
   float* mine = p.partials + static_cast<std::int64_t>(partial_slot(block)) * kTileFloats;
-  ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left,
-                                            t.cols_left, p.paired, Fp32Partial{mine, arrivals, piece_stamps},
-                                            unit.k_begin, unit.k_end);
+  ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
+                                            p.paired, Fp32Partial{mine, arrivals, piece_stamps}, unit.k_begin,
+                                            unit.k_end);
   stamp(p, kStampArrived);  // thread 0: its warp's part is stored and counted
 }
 
@@ -329,13 +329,12 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
   prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(offsets, shape.experts, static_cast<int>(shape.m_total),
                                                   layout.tile_prefix, layout.counters, 1 + arrival_counters(grid));
   check_launch();
-  const Problem p{a, w, c, offsets, layout.tile_prefix, layout.counters, layout.partials, shape.experts,
-                  static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
-                  ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m,
-                  options.stream_k_max_tail_percent,
-                  // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
-                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.claim_tail,
-                  options.phase_stamps};
+  const Problem p{
+      a, w, c, offsets, layout.tile_prefix, layout.counters, layout.partials, shape.experts,
+      static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
+      ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m, options.stream_k_max_tail_percent,
+      // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
+      shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.claim_tail, options.phase_stamps};
   if (limits.medium4) {
     launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
   } else {

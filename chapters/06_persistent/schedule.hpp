@@ -179,8 +179,8 @@ __host__ __device__ constexpr WorkUnit unit_of_block(const StreamKPlan& p, int b
   const int dp = static_tile_count(p.dp_tiles, p.grid, block);
   if (u < dp) return WorkUnit{static_tile(p.grid, block, u), 0, p.k_tiles};
   const std::int64_t begin = sk_begin(p, block), end = sk_begin(p, block + 1);
-  const std::int64_t last_local = (end - 1) / p.k_tiles;      // the range's last Stream-K tile
-  const std::int64_t local = last_local - (u - dp);           // Stream-K tile, counted from dp_tiles
+  const std::int64_t last_local = (end - 1) / p.k_tiles;  // the range's last Stream-K tile
+  const std::int64_t local = last_local - (u - dp);       // Stream-K tile, counted from dp_tiles
   const std::int64_t tile_start = local * p.k_tiles;
   const std::int64_t from = begin > tile_start ? begin : tile_start;
   const std::int64_t to = end < tile_start + p.k_tiles ? end : tile_start + p.k_tiles;

@@ -11,7 +11,8 @@
 //        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
 //        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
 //        stream_k: whole tiles round-robin, then this block's range of the last wave's k-slices;
-//                  split tiles go through fp32 partials and a fixed-order fix-up (below).
+//                  a split tile's partners store fp32 partials, its owner adds them in a fixed
+//                  order and stores C (stream_k_unit, below).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 #include <string>
@@ -40,8 +41,8 @@ constexpr int kPrefixThreads = ch05::kMaxExperts;                // one expert p
 // Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
 struct WorkspaceLayout {
   std::int32_t* tile_prefix;  // [E + 1]
-  std::int32_t* counters;     // [0]: dynamic ticket counter; [1 + s]: arrivals at Stream-K tile s
-  float* partials;            // [2·grid][128 × 128]
+  std::int32_t* counters;     // [0]: dynamic ticket counter; [1 + 8·s + w]: warp w's arrivals at Stream-K tile s
+  float* partials;            // [grid][128 × 128]: block b's partial in slot b (partial_slot)
 };
 
 std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -106,89 +107,34 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
                                     NoEpilogue{});
 }
 
-// The fix-up of a split tile, run by its last contributor to arrive: C = round(Σ partials), the
-// partials added in contributor order (= k order), whoever arrived when.
+// One contributor's unit of a split tile. @p block is the block the unit belongs to (its partial
+// slot and its place among the tile's contributors). (This exercise leaves out claiming the tail,
+// PersistentOptions::claim_tail: it changes who runs a unit, never the result.)
 //
-// This runs at the very end of a block's work, on the critical path, so it is written for memory-
-// level parallelism: each thread owns kGroupsPerThread groups of 4 outputs and fetches a batch of
-// them from one contributor's partial with independent loads before adding any. A loop of one group
-// at a time (load, add, store, next) waits a whole L2 round trip per group and contributor: 16 × 2–3
-// round trips of ~0.5 µs, several µs per split tile. A tile of the Stream-K wave can have up to
-// 11 contributors on the benchmark's cases (11 × 64 KiB to read), so the loads must keep the SM's
-// path to L2 full. Partials cover the whole tile (zeros past C), so the loads need no masks; only
-// the stores do.
+// The tile's last contributor (highest k) owns it: its own part stays in registers, it waits for the
+// others' partials, adds them in contributor order and stores C. Every other contributor stores its
+// part as an fp32 partial in its slot, and each of its warps counts itself on the tile's counter for
+// that warp once its part is stored. No wait can deadlock: a partner part never waits, and an owner
+// waits only for the partner parts of lower blocks (schedule.hpp, tested on the CPU).
 template <class Cfg>
-__device__ void sum_partials(const Problem& p, const StreamKPlan& plan, int sk_tile, const TilePlace& t) {
-  const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
-  constexpr int kGroupsPerRow = kBlockN / 4;
-  constexpr int kGroups = kBlockM * kGroupsPerRow;
-  static_assert(kGroups % Cfg::threads == 0, "every thread owns the same number of groups");
-  constexpr int kGroupsPerThread = kGroups / Cfg::threads;
-  // 16 float4 sums (64 registers) and 16 loads in flight per thread: 64 KiB per block per round trip,
-  // about what one SM's L2 bandwidth moves in one (the main loop's registers are free by now).
-  constexpr int kBatch = kGroupsPerThread < 16 ? kGroupsPerThread : 16;
-  static_assert(kGroupsPerThread % kBatch == 0, "whole batches");
-  for (int batch = 0; batch < kGroupsPerThread; batch += kBatch) {
-    // __ldcg: from L2, never from this SM's L1, which may hold nothing of other blocks' writes.
-    const auto partial_of = [&](int block) {
-      return reinterpret_cast<const float4*>(
-                 p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats) +
-             batch * Cfg::threads + threadIdx.x;
-    };
-    float4 sum[kBatch];
-    const float4* first_part = partial_of(first);
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) sum[i] = __ldcg(first_part + i * Cfg::threads);
-    for (int b = first + 1; b <= last; ++b) {
-      const float4* part = partial_of(b);
-      float4 v[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = __ldcg(part + i * Cfg::threads);
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        sum[i].x += v[i].x;
-        sum[i].y += v[i].y;
-        sum[i].z += v[i].z;
-        sum[i].w += v[i].w;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int g = (batch + i) * Cfg::threads + static_cast<int>(threadIdx.x);
-      const int r = g / kGroupsPerRow, col = g % kGroupsPerRow * 4;
-      if (r >= t.rows_left || col >= t.cols_left) continue;
-      __nv_bfloat16* out = p.c + static_cast<std::int64_t>(t.row0 + r) * p.n + t.col0 + col;
-      const int room = t.cols_left - col;
-      ch02::block::store_pair(out, sum[i].x, sum[i].y, room, p.paired);
-      ch02::block::store_pair(out + 2, sum[i].z, sum[i].w, room - 2, p.paired);
-    }
-  }
-}
-
-template <class Cfg>
-__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles) {
-  __shared__ int arrived_last;
+__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
+  static_assert(Cfg::threads / 32 == kArrivalsPerTile, "one arrival counter per warp of the block tile");
   const TilePlace t = place_of(p, unit.tile, m_tiles);
-  const int block = static_cast<int>(blockIdx.x);
   const int sk_tile = unit.tile - plan.dp_tiles;
-  float* mine = p.partials + static_cast<std::int64_t>(partial_slot(plan, block, sk_tile)) * kTileFloats;
+  int* arrivals = p.counters + 1 + static_cast<std::int64_t>(sk_tile) * kArrivalsPerTile;
+  if (owns(plan, block, unit)) {
+    // TODO 4: the owner adds its partners' partials before it stores C. Build a
+    // ch02::block::AddPartials: the first partner's partial (the tile's first contributor's slot,
+    // partial_slot), the floats from one partner's partial to the next (consecutive blocks have
+    // consecutive slots), how many partners there are, and the tile's arrival counters; pass it
+    // instead of NoEpilogue. As written, the owner stores its own part alone.
+    ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
+                                              p.paired, NoEpilogue{}, unit.k_begin, unit.k_end);
+    return;
+  }
+  float* mine = p.partials + static_cast<std::int64_t>(partial_slot(block)) * kTileFloats;
   ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
-                                            p.paired, Fp32Partial{mine}, unit.k_begin, unit.k_end);
-  // Publish the partial, then count this arrival. The fence orders each thread's partial stores
-  // before the barrier; thread 0's atomic comes after the barrier, so after all of them.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int contributors = last_contributor(plan, sk_tile) - first_contributor(plan, sk_tile) + 1;
-    // TODO 4: count this arrival on p.counters[1 + sk_tile]; the block that arrives last (all the
-    // other contributors have published their partials) runs the fix-up.
-    arrived_last = contributors == 1 ? 1 : 0;
-  }
-  __syncthreads();
-  if (arrived_last != 0) {
-    __threadfence();  // the other contributors' partials, published before their atomics, are visible
-    sum_partials<Cfg>(p, plan, sk_tile, t);
-  }
+                                            p.paired, Fp32Partial{mine, arrivals}, unit.k_begin, unit.k_end);
 }
 
 template <class Cfg, Scheduler kScheduler>
@@ -214,7 +160,7 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
                                  : split_k_tail_plan(tiles, k_tiles, grid, p.max_tail_percent);
     // TODO 3: walk this block's units (units_of_block / unit_of_block): whole units through
     // whole_tile<Cfg>, split ones through stream_k_unit<Cfg>, with a barrier after each unit.
-    // TODO 4 is inside stream_k_unit: the arrival count that elects the tile's fix-up block.
+    // TODO 4 is inside stream_k_unit: the owner's fix-up.
     (void)plan;
   }
 }
