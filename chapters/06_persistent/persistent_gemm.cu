@@ -122,8 +122,8 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 // The tile's last contributor (highest k) owns it: its own part stays in registers, it waits for the
 // others' partials, adds them in contributor order and stores C. Every other contributor stores its
 // part as an fp32 partial in its slot, and each of its warps counts itself on the tile's counter for
-// that warp once its part is stored. No wait can deadlock: a partner part never waits, and an owner
-// waits only for the partner parts of lower blocks (schedule.hpp, tested on the CPU).
+// that warp once its part is stored. No wait forms a cycle: a partner part never waits, and an owner
+// waits only for the partner parts of lower blocks (schedule.hpp says why, and when that matters).
 template <class Cfg>
 __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
   static_assert(Cfg::threads / 32 == kArrivalsPerTile, "one arrival counter per warp of the block tile");

@@ -37,9 +37,10 @@
 /// fixed, so the result is the same bits whatever the arrival order. A block's range is at most one
 /// tile long, so it holds at most two split units, and it runs them in decreasing tile order: first
 /// its part of the later tile (a partner part: that tile's first slices), then its part of the
-/// earlier one (that tile's last slices: the owner part). So a partner part never waits, an owner
-/// waits only for partner parts, and only for those of lower blocks (lower tickets, when the tail is
-/// claimed), which started before it: no wait can deadlock, even with blocks not all resident.
+/// earlier one (that tile's last slices: the owner part). So a partner part never waits, and an owner
+/// waits only for partner parts of lower blocks: with the tail claimed, ranges taken before its own
+/// by blocks already running, so no wait can deadlock even with blocks not all resident; unclaimed,
+/// lower block ids, which the GPU dispatches first in practice (CUDA does not promise the order).
 #pragma once
 
 #include <cuda_runtime.h>
