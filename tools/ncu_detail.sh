@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute's detail sections for one benchmark case: where the warps stall (one metric per stall
-# reason), how the schedulers issue, the instruction mix, occupancy and the launch, as ncu's own text
-# report. For the question a
+# reason), how the schedulers issue, the instruction mix, how busy each pipe is, occupancy and the
+# launch, as ncu's own text report. For the question a
 # kc_profile.py line cannot answer ("the kernel is at 58 % issue efficiency: waiting on what?").
 #
 #   tools/ncu_detail.sh BENCH CASE KERNEL_REGEX OUT.txt
@@ -16,7 +16,8 @@ fi
 bench=$1 case=$2 kernel=$3 out=$4
 ncu=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats
-  --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis)
+  --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis
+  --section ComputeWorkloadAnalysis)
 # The WarpStateStats section prints only its summary in text; the stall reasons themselves (cycles a
 # warp spends stalled on each reason, per issued instruction) are asked for as metrics.
 stalls=(--metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$')
