@@ -194,6 +194,10 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
         __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
         if (plan_block >= plan.sk_blocks) break;
         stamp(p, kStampClaimed);
+        if (p.stamps != nullptr && threadIdx.x == 0) {
+          p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampTicket] =
+              static_cast<std::uint64_t>(plan_block);
+        }
         const int units = units_of_block(plan, plan_block);
         for (int u = static_tile_count(plan.dp_tiles, grid, plan_block); u < units; ++u) {
           const WorkUnit unit = unit_of_block(plan, plan_block, u);
