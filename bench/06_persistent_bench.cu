@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -66,7 +67,11 @@ enum class Variant {
 // (prologue, main loop, store), an owner's wait for its partners and its fix-up (adding their
 // partials, storing C), and when the blocks ended. A block that claims several units keeps the
 // stamps of the last; a phase whose two stamps come from different units is left out.
-void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& stamps, int grid) {
+// With KC_PHASES_CSV set, every block's stamps are also appended to that file, one row per block
+// (µs from t0, empty where a point was not passed), for questions the aggregates cannot answer
+// (which blocks end last, and what they ran).
+void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& stamps, int grid,
+                   const std::string& run) {
   const auto at = [&](int b, int point) {
     return stamps[static_cast<std::size_t>(b) * kc::ch06::kPhaseStamps + point];
   };
@@ -98,6 +103,25 @@ void record_phases(benchmark::State& state, const std::vector<std::uint64_t>& st
   summarise("owner_wait", kc::ch06::kStampLoopDone, kc::ch06::kStampPartnersIn, false);
   summarise("fix_up", kc::ch06::kStampPartnersIn, kc::ch06::kStampFixUpDone, false);
   summarise("end", kc::ch06::kStampStart, kc::ch06::kStampEnd, true);
+  if (const char* path = std::getenv("KC_PHASES_CSV"); path != nullptr && *path != '\0') {
+    std::ofstream csv(path, std::ios::app);
+    if (csv.tellp() == 0) {
+      csv << "run,block,ticket,start,whole_done,claimed,arrived,fix_up_done,end,first_slice,loop_done,"
+             "partners_in\n";
+    }
+    const int times[] = {kc::ch06::kStampStart,      kc::ch06::kStampWholeDone, kc::ch06::kStampClaimed,
+                         kc::ch06::kStampArrived,    kc::ch06::kStampFixUpDone, kc::ch06::kStampEnd,
+                         kc::ch06::kStampFirstSlice, kc::ch06::kStampLoopDone,  kc::ch06::kStampPartnersIn};
+    for (int b = 0; b < grid; ++b) {
+      csv << run << ',' << b << ',';
+      if (at(b, kc::ch06::kStampClaimed) != 0) csv << at(b, kc::ch06::kStampTicket);
+      for (int point : times) {
+        csv << ',';
+        if (at(b, point) != 0) csv << static_cast<double>(at(b, point) - t0) / 1000.0;
+      }
+      csv << '\n';
+    }
+  }
 }
 
 void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
@@ -163,7 +187,8 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
     kc::ch06::grouped_gemm_persistent(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
                                       workspace.size(), options, stream);
     kc::check(cudaStreamSynchronize(stream));
-    record_phases(state, stamps.to_host(), grid);
+    record_phases(state, stamps.to_host(), grid,
+                  std::string(scheduler == Scheduler::stream_k ? "stream_k/" : "split_k/") + cs.label);
   }
   kc::check(cudaStreamDestroy(stream));
   kc::bench::set_counters(state, kc::ch05::grouped_gemm_min_bytes(s, host_offsets),

@@ -754,27 +754,42 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   }
   if constexpr (adds_partials<Epilogue>) {
     epilogue.stamp(1);
+    // The partners' partials come in through the pipeline's buffers, free now: with cp.async, as
+    // many partials at once as the buffers hold (two for the 128 × 128 tile), so a tile with two
+    // partners pays one L2 round trip, not two, and the copies hold no registers. Each thread
+    // copies, then reads back, only its own float4s (slot [partial][fragment][tid]), so after the
+    // barrier that frees the buffers no other barrier is needed.
+    constexpr int kFragments = kMTiles * kNTiles;               // float4s a thread holds
+    constexpr int kPartialBytes = kFragments * kThreads * 16;   // one partial
+    constexpr int kPerBatch = Cfg::smem_bytes / kPartialBytes;  // partials the buffers hold
+    static_assert(kPerBatch >= 1, "one fp32 partial fits the pipeline's buffers");
+    __syncthreads();  // every warp is done reading the last slice's buffer
     epilogue.wait_for_partners();
     epilogue.stamp(2);
-    for (int j = 0; j < epilogue.partners; ++j) {
-      const float4* partial = reinterpret_cast<const float4*>(epilogue.first_partial +
-                                                              static_cast<std::int64_t>(j) * epilogue.partial_stride);
-      // All of this partner's loads in flight before the first add: one L2 round trip per partner.
-      // __ldcg: from L2, never from this SM's L1, which holds nothing of other blocks' writes.
-      float4 part[kMTiles][kNTiles];
+    for (int j0 = 0; j0 < epilogue.partners; j0 += kPerBatch) {
+      const int count = epilogue.partners - j0 < kPerBatch ? epilogue.partners - j0 : kPerBatch;
+      for (int j = 0; j < count; ++j) {
+        const float4* partial = reinterpret_cast<const float4*>(
+            epilogue.first_partial + static_cast<std::int64_t>(j0 + j) * epilogue.partial_stride);
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) part[mt][nt] = __ldcg(partial + fragment_index(mt, nt));
+        for (int f = 0; f < kFragments; ++f) {
+          cp_async_16(smem_base + ((j * kFragments + f) * kThreads + tid) * 16, partial + f * kThreads + tid, true);
+        }
       }
+      cp_async_commit();
+      cp_async_wait<0>();
+      const float4* landed = reinterpret_cast<const float4*>(smem);
+      for (int j = 0; j < count; ++j) {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
+        for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          acc[mt][nt][0] += part[mt][nt].x;
-          acc[mt][nt][1] += part[mt][nt].y;
-          acc[mt][nt][2] += part[mt][nt].z;
-          acc[mt][nt][3] += part[mt][nt].w;
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            const float4 v = landed[(j * kFragments + mt * kNTiles + nt) * kThreads + tid];
+            acc[mt][nt][0] += v.x;
+            acc[mt][nt][1] += v.y;
+            acc[mt][nt][2] += v.z;
+            acc[mt][nt][3] += v.w;
+          }
         }
       }
     }

@@ -148,6 +148,22 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
   stamp(p, kStampArrived);  // thread 0: its warp's part is stored and counted
 }
 
+// Plan block @p plan_block's units from @p first_unit on: whole tiles directly, split parts through
+// stream_k_unit, with a barrier after each (the next unit's copies overwrite shared memory).
+template <class Cfg>
+__device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_block, int first_unit, int m_tiles) {
+  const int units = units_of_block(plan, plan_block);
+  for (int u = first_unit; u < units; ++u) {
+    const WorkUnit unit = unit_of_block(plan, plan_block, u);
+    if (is_whole(plan, unit)) {
+      whole_tile<Cfg>(p, unit.tile, m_tiles);
+    } else {
+      stream_k_unit<Cfg>(p, plan, unit, m_tiles, plan_block);
+    }
+    __syncthreads();
+  }
+}
+
 template <class Cfg, Scheduler kScheduler>
 __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem p) {
   const int m_tiles = p.tile_prefix[p.experts];  // the real m-tile count, known only on the device
@@ -194,30 +210,16 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
         __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
         if (plan_block >= plan.sk_blocks) break;
         stamp(p, kStampClaimed);
-        const int units = units_of_block(plan, plan_block);
-        for (int u = static_tile_count(plan.dp_tiles, grid, plan_block); u < units; ++u) {
-          const WorkUnit unit = unit_of_block(plan, plan_block, u);
-          if (is_whole(plan, unit)) {
-            whole_tile<Cfg>(p, unit.tile, m_tiles);
-          } else {
-            stream_k_unit<Cfg>(p, plan, unit, m_tiles, plan_block);
-          }
-          __syncthreads();
+        if (p.stamps != nullptr && threadIdx.x == 0) {
+          p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampTicket] =
+              static_cast<std::uint64_t>(plan_block);
         }
+        run_units<Cfg>(p, plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block), m_tiles);
       }
       stamp(p, kStampEnd);
       return;
     }
-    const int units = units_of_block(plan, block);
-    for (int u = 0; u < units; ++u) {
-      const WorkUnit unit = unit_of_block(plan, block, u);
-      if (is_whole(plan, unit)) {
-        whole_tile<Cfg>(p, unit.tile, m_tiles);
-      } else {
-        stream_k_unit<Cfg>(p, plan, unit, m_tiles, block);
-      }
-      __syncthreads();
-    }
+    run_units<Cfg>(p, plan, block, 0, m_tiles);
   }
 }
 

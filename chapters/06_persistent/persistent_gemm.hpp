@@ -73,7 +73,8 @@ enum PhaseStamp : int {
   kStampFirstSlice = 6,  ///< the unit's first slice has landed (its pipeline prologue is done)
   kStampLoopDone = 7,    ///< the unit's main loop is done
   kStampPartnersIn = 8,  ///< an owner's unit: warp 0's wait for the partners' parts is over
-  kPhaseStamps = 9,      ///< entries per block
+  kStampTicket = 9,      ///< not a time: the plan block (ticket) of the last range it claimed
+  kPhaseStamps = 10,     ///< entries per block
 };
 
 /// Blocks of the persistent grid on the current device for @p scheduler: SMs × the kernel's
