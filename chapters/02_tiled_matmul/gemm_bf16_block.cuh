@@ -142,6 +142,16 @@ using LargeEarlyTile4 = Tile<128, 256, 2, 4, 4, true>;      ///< 192 KiB: sm_90
 using LargeEarlyTile3 = Tile<128, 256, 2, 4, 3, true>;      ///< 144 KiB: sm_80
 using MediumTwoBlocksTile = Tile<128, 128, 2, 2, 3, true>;  ///<  96 KiB: two blocks per SM on sm_90
 
+/// Tuning tiles for the memory-bound shapes (M = 16 and 128): the small, small-deep and narrow-deep
+/// tiles with twice (or four times) the warps on the same block tile. At M = 128 the small-deep
+/// tile runs one 4-warp block per SM, so each scheduler has a single warp and nothing to switch to
+/// while that warp's ldmatrix → mma.sync chain waits (docs/notes/ch02.md, Session 11). Smaller warp
+/// tiles read more shared memory per mma, which a memory-bound GEMM can afford.
+using SmallEightWarpsTile = Tile<64, 64, 2, 4, 6>;         ///<  96 KiB: 8 warps of 32×16
+using SmallDeepEightWarpsTile = Tile<64, 64, 2, 4, 12>;    ///< 192 KiB: 8 warps of 32×16, sm_90
+using SmallDeepSixteenWarpsTile = Tile<64, 64, 4, 4, 12>;  ///< 192 KiB: 16 warps of 16×16, sm_90
+using NarrowDeepEightWarpsTile = Tile<64, 32, 4, 2, 16>;   ///< 192 KiB: 8 warps of 16×16, sm_90
+
 /// Byte offset of 16-byte chunk `chunk` of tile row `row`, XOR-swizzled (see the top of the file).
 __device__ __forceinline__ std::uint32_t swizzled(int row, int chunk) {
   return static_cast<std::uint32_t>(row * kRowBytes + ((chunk ^ (row % 8)) << 4));
