@@ -64,17 +64,12 @@ enum class GemmBf16Tile {
   /// pairs per thread, stored by ~1,000 instructions that run once per tile from a cold
   /// instruction cache.
   large_staged_store,
-  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the small tile with 8 warps of 32×16
-  /// instead of 4 of 32×32, 6 stages (96 KiB): twice the warps per scheduler for memory-bound shapes.
-  small_eight_warps,
-  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the small-deep tile (12 stages, 192 KiB,
-  /// sm_90) with 8 warps of 32×16: a single wave of one block per SM with two warps per scheduler.
-  small_deep_eight_warps,
-  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the small-deep tile with 16 warps of 16×16.
-  small_deep_sixteen_warps,
-  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the narrow-deep tile (16 stages, 192 KiB,
-  /// sm_90) with 8 warps of 16×16.
-  narrow_deep_eight_warps,
+  /// Tuning tiles (never chosen by choose_gemm_bf16_tile): small, small_deep and narrow_deep with
+  /// the K rotation: the block of n-tile j of T starts its K loop at slice j · slices / T and
+  /// wraps around, so blocks that share A rows do not read the same L2 lines at the same time.
+  small_rotated,
+  small_deep_rotated,   ///< see small_rotated
+  narrow_deep_rotated,  ///< see small_rotated
 };
 
 /// What one tile choice means on a given GPU.
@@ -126,8 +121,8 @@ void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bf
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
 /// The printable name of @p tile ("large", "medium", "small", "narrow", "small_deep", "narrow_deep",
-/// "large_early_refill", "medium_two_blocks", "large_staged_store", "small_eight_warps",
-/// "small_deep_eight_warps", "small_deep_sixteen_warps", "narrow_deep_eight_warps").
+/// "large_early_refill", "medium_two_blocks", "large_staged_store", "small_rotated",
+/// "small_deep_rotated", "narrow_deep_rotated").
 const char* to_string(GemmBf16Tile tile);
 
 /// The mma.sync peak microbenchmark: every warp issues back-to-back mma.sync m16n8k16 bf16 on

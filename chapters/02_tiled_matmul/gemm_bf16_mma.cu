@@ -86,10 +86,9 @@ DeviceLimits current_device_limits() {
     allow_dynamic_shared_memory<LargeEarlyTile4>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<LargeEarlyTile3>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<MediumTwoBlocksTile>(limits.smem_per_block_optin);
-    allow_dynamic_shared_memory<SmallEightWarpsTile>(limits.smem_per_block_optin);
-    allow_dynamic_shared_memory<SmallDeepEightWarpsTile>(limits.smem_per_block_optin);
-    allow_dynamic_shared_memory<SmallDeepSixteenWarpsTile>(limits.smem_per_block_optin);
-    allow_dynamic_shared_memory<NarrowDeepEightWarpsTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<SmallRotatedTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<SmallDeepRotatedTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<NarrowDeepRotatedTile>(limits.smem_per_block_optin);
     return limits;
   });
 }
@@ -151,10 +150,9 @@ const char* to_string(GemmBf16Tile tile) {
     case GemmBf16Tile::large_early_refill: return "large_early_refill";
     case GemmBf16Tile::medium_two_blocks: return "medium_two_blocks";
     case GemmBf16Tile::large_staged_store: return "large_staged_store";
-    case GemmBf16Tile::small_eight_warps: return "small_eight_warps";
-    case GemmBf16Tile::small_deep_eight_warps: return "small_deep_eight_warps";
-    case GemmBf16Tile::small_deep_sixteen_warps: return "small_deep_sixteen_warps";
-    case GemmBf16Tile::narrow_deep_eight_warps: return "narrow_deep_eight_warps";
+    case GemmBf16Tile::small_rotated: return "small_rotated";
+    case GemmBf16Tile::small_deep_rotated: return "small_deep_rotated";
+    case GemmBf16Tile::narrow_deep_rotated: return "narrow_deep_rotated";
   }
   return "unknown";
 }
@@ -176,10 +174,9 @@ GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_blo
       return LargeEarlyTile4::smem_bytes <= smem_per_block_optin ? info_of<LargeEarlyTile4>(smem_per_block_optin)
                                                                  : info_of<LargeEarlyTile3>(smem_per_block_optin);
     case GemmBf16Tile::medium_two_blocks: return info_of<MediumTwoBlocksTile>(smem_per_block_optin);
-    case GemmBf16Tile::small_eight_warps: return info_of<SmallEightWarpsTile>(smem_per_block_optin);
-    case GemmBf16Tile::small_deep_eight_warps: return info_of<SmallDeepEightWarpsTile>(smem_per_block_optin);
-    case GemmBf16Tile::small_deep_sixteen_warps: return info_of<SmallDeepSixteenWarpsTile>(smem_per_block_optin);
-    case GemmBf16Tile::narrow_deep_eight_warps: return info_of<NarrowDeepEightWarpsTile>(smem_per_block_optin);
+    case GemmBf16Tile::small_rotated: return info_of<SmallRotatedTile>(smem_per_block_optin);
+    case GemmBf16Tile::small_deep_rotated: return info_of<SmallDeepRotatedTile>(smem_per_block_optin);
+    case GemmBf16Tile::narrow_deep_rotated: return info_of<NarrowDeepRotatedTile>(smem_per_block_optin);
   }
   throw InvalidArgument("tile (" + std::to_string(static_cast<int>(tile)) + ") is not a GemmBf16Tile");
 }
@@ -353,17 +350,14 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
     case GemmBf16Tile::medium_two_blocks:
       launch<MediumTwoBlocksTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       break;
-    case GemmBf16Tile::small_eight_warps:
-      launch<SmallEightWarpsTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+    case GemmBf16Tile::small_rotated:
+      launch<SmallRotatedTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       break;
-    case GemmBf16Tile::small_deep_eight_warps:
-      launch<SmallDeepEightWarpsTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+    case GemmBf16Tile::small_deep_rotated:
+      launch<SmallDeepRotatedTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       break;
-    case GemmBf16Tile::small_deep_sixteen_warps:
-      launch<SmallDeepSixteenWarpsTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
-      break;
-    case GemmBf16Tile::narrow_deep_eight_warps:
-      launch<NarrowDeepEightWarpsTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+    case GemmBf16Tile::narrow_deep_rotated:
+      launch<NarrowDeepRotatedTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       break;
     case GemmBf16Tile::large_staged_store:
       if constexpr (Epilogue::staged) {  // Chapter 3's epilogues are staged on every tile
