@@ -107,10 +107,10 @@ void register_tuning(const kc::DeviceInfo& device) {
                                           kc::ch02::GemmBf16Tile::large_early_refill,
                                           kc::ch02::GemmBf16Tile::medium_two_blocks,
                                           kc::ch02::GemmBf16Tile::large_staged_store};
-  // The K-rotated small tiles: run only on the memory-bound shapes they are for.
-  const kc::ch02::GemmBf16Tile memory_bound_tiles[] = {kc::ch02::GemmBf16Tile::small_rotated,
-                                                       kc::ch02::GemmBf16Tile::small_deep_rotated,
-                                                       kc::ch02::GemmBf16Tile::narrow_deep_rotated};
+  // The small tiles without K rotation: only on the memory-bound shapes where it matters.
+  const kc::ch02::GemmBf16Tile memory_bound_tiles[] = {kc::ch02::GemmBf16Tile::small_unrotated,
+                                                       kc::ch02::GemmBf16Tile::small_deep_unrotated,
+                                                       kc::ch02::GemmBf16Tile::narrow_deep_unrotated};
   auto add = [](const std::string& name, std::function<void(benchmark::State&)> body) {
     kc::bench::configure(benchmark::RegisterBenchmark(name.c_str(), std::move(body)));
   };

@@ -219,13 +219,13 @@ TEST(GemmBf16Tiles, TuningTilesInfo) {
   EXPECT_LE(2 * (two.smem_bytes + 1024), 233472u) << "two blocks (and their 1 KiB reserve) fit an sm_90 SM";
   EXPECT_TRUE(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::medium_two_blocks, kRtxSmem).fits);
 
-  // The K-rotated tiles: the shapes, warps, stages and shared memory of small, small_deep and
+  // The unrotated tiles: the shapes, warps, stages and shared memory of small, small_deep and
   // narrow_deep; only the order of the K slices differs.
-  const std::pair<GemmBf16Tile, GemmBf16Tile> rotated[] = {
-      {GemmBf16Tile::small_rotated, GemmBf16Tile::small},
-      {GemmBf16Tile::small_deep_rotated, GemmBf16Tile::small_deep},
-      {GemmBf16Tile::narrow_deep_rotated, GemmBf16Tile::narrow_deep}};
-  for (const auto& [tuning, base] : rotated) {
+  const std::pair<GemmBf16Tile, GemmBf16Tile> unrotated[] = {
+      {GemmBf16Tile::small_unrotated, GemmBf16Tile::small},
+      {GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::small_deep},
+      {GemmBf16Tile::narrow_deep_unrotated, GemmBf16Tile::narrow_deep}};
+  for (const auto& [tuning, base] : unrotated) {
     for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
       const auto t = kc::ch02::gemm_bf16_tile_info(tuning, smem);
       const auto b = kc::ch02::gemm_bf16_tile_info(base, smem);
@@ -282,9 +282,9 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
       EXPECT_NE(chosen, GemmBf16Tile::large_early_refill);
       EXPECT_NE(chosen, GemmBf16Tile::medium_two_blocks);
       EXPECT_NE(chosen, GemmBf16Tile::large_staged_store);
-      EXPECT_NE(chosen, GemmBf16Tile::small_rotated);
-      EXPECT_NE(chosen, GemmBf16Tile::small_deep_rotated);
-      EXPECT_NE(chosen, GemmBf16Tile::narrow_deep_rotated);
+      EXPECT_NE(chosen, GemmBf16Tile::small_unrotated);
+      EXPECT_NE(chosen, GemmBf16Tile::small_deep_unrotated);
+      EXPECT_NE(chosen, GemmBf16Tile::narrow_deep_unrotated);
     }
   }
   expect_invalid_argument(
@@ -309,9 +309,9 @@ TEST(GemmBf16Tiles, Names) {
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_early_refill), "large_early_refill");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium_two_blocks), "medium_two_blocks");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_staged_store), "large_staged_store");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_rotated), "small_rotated");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_deep_rotated), "small_deep_rotated");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow_deep_rotated), "narrow_deep_rotated");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_unrotated), "small_unrotated");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_deep_unrotated), "small_deep_unrotated");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow_deep_unrotated), "narrow_deep_unrotated");
 }
 
 TEST(MmaPeakArguments, FlopsAndSinkSize) {
@@ -444,8 +444,8 @@ INSTANTIATE_TEST_SUITE_P(GemmBf16, GemmBf16TileGpu,
                          ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
                                            GemmBf16Tile::narrow, GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep,
                                            GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
-                                           GemmBf16Tile::large_staged_store, GemmBf16Tile::small_rotated,
-                                           GemmBf16Tile::small_deep_rotated, GemmBf16Tile::narrow_deep_rotated),
+                                           GemmBf16Tile::large_staged_store, GemmBf16Tile::small_unrotated,
+                                           GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::narrow_deep_unrotated),
                          [](const ::testing::TestParamInfo<GemmBf16Tile>& info) {
                            return std::string(kc::ch02::to_string(info.param));
                          });

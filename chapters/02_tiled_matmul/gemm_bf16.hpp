@@ -64,12 +64,11 @@ enum class GemmBf16Tile {
   /// pairs per thread, stored by ~1,000 instructions that run once per tile from a cold
   /// instruction cache.
   large_staged_store,
-  /// Tuning tiles (never chosen by choose_gemm_bf16_tile): small, small_deep and narrow_deep with
-  /// the K rotation: the block of n-tile j of T starts its K loop at slice j · slices / T and
-  /// wraps around, so blocks that share A rows do not read the same L2 lines at the same time.
-  small_rotated,
-  small_deep_rotated,   ///< see small_rotated
-  narrow_deep_rotated,  ///< see small_rotated
+  /// Tuning tiles (never chosen by choose_gemm_bf16_tile): small, small_deep and narrow_deep
+  /// without the K rotation (every block walks K from slice 0), to measure what the rotation buys.
+  small_unrotated,
+  small_deep_unrotated,   ///< see small_unrotated
+  narrow_deep_unrotated,  ///< see small_unrotated
 };
 
 /// What one tile choice means on a given GPU.
@@ -121,8 +120,8 @@ void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bf
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
 /// The printable name of @p tile ("large", "medium", "small", "narrow", "small_deep", "narrow_deep",
-/// "large_early_refill", "medium_two_blocks", "large_staged_store", "small_rotated",
-/// "small_deep_rotated", "narrow_deep_rotated").
+/// "large_early_refill", "medium_two_blocks", "large_staged_store", "small_unrotated",
+/// "small_deep_unrotated", "narrow_deep_unrotated").
 const char* to_string(GemmBf16Tile tile);
 
 /// The mma.sync peak microbenchmark: every warp issues back-to-back mma.sync m16n8k16 bf16 on

@@ -107,9 +107,11 @@ struct Tile {
   static constexpr int warps_n = kWarpsN;             ///< warps along N (warp w sits at row w / warps_n)
   static constexpr int stages = kStages;              ///< pipeline buffers of one 64-wide K slice each
   static constexpr bool early_refill = kEarlyRefill;  ///< the early-refill schedule
-  /// K rotation (a tuning option): the block of n-tile j of T starts its K loop at slice
-  /// j · slices / T and wraps around, so that the 64 blocks that read the same A rows at M = 128
-  /// read different slices of them at any moment instead of the same L2 lines at once.
+  /// K rotation: the block of n-tile j of T starts its K loop at slice j · slices / T and wraps
+  /// around. When M is small, all the blocks of a row of tiles read the same A rows: at M = 128
+  /// with the small tile, 64 blocks stream the same 0.9 MB of A, and without rotation they ask for
+  /// the same L2 lines at the same moment, which queue at the few L2 slices that hold them. Rotated,
+  /// they read different slices of A at any moment. Only the order of the K sum changes.
   static constexpr bool rotate_k = kRotateK;
   static constexpr int warps = kWarpsM * kWarpsN;                      ///< warps per block
   static constexpr int threads = 32 * warps;                           ///< threads per block
@@ -123,20 +125,20 @@ struct Tile {
 /// (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 / sm_89). The small tile streams memory-bound
 /// shapes, so it takes six stages: 80 KiB of copies in flight per block, and still two blocks per SM
 /// on sm_90.
-using LargeTile4 = Tile<128, 256, 2, 4, 4>;   ///< 192 KiB: sm_90
-using LargeTile3 = Tile<128, 256, 2, 4, 3>;   ///< 144 KiB: sm_80
-using MediumTile4 = Tile<128, 128, 2, 4, 4>;  ///< 128 KiB: sm_80, sm_90
-using MediumTile3 = Tile<128, 128, 2, 4, 3>;  ///<  96 KiB: sm_86 / sm_89
-using SmallTile = Tile<64, 64, 2, 2, 6>;      ///<  96 KiB: all
-using NarrowTile = Tile<64, 32, 4, 1, 8>;     ///<  96 KiB: all
+using LargeTile4 = Tile<128, 256, 2, 4, 4>;             ///< 192 KiB: sm_90
+using LargeTile3 = Tile<128, 256, 2, 4, 3>;             ///< 144 KiB: sm_80
+using MediumTile4 = Tile<128, 128, 2, 4, 4>;            ///< 128 KiB: sm_80, sm_90
+using MediumTile3 = Tile<128, 128, 2, 4, 3>;            ///<  96 KiB: sm_86 / sm_89
+using SmallTile = Tile<64, 64, 2, 2, 6, false, true>;   ///<  96 KiB: all; K rotated (below)
+using NarrowTile = Tile<64, 32, 4, 1, 8, false, true>;  ///<  96 KiB: all; K rotated (below)
 
 /// The small and narrow tiles for a single wave (at most one block per SM): one block then has the
 /// SM's shared memory to itself, and a memory-bound GEMM that streams W once (M = 16 or 128) needs
 /// bytes in flight more than anything else. Twice the stages keep twice the copies in flight per SM
 /// (176 KiB instead of 80 KiB for the small tile): by Little's law, twice the bandwidth at the same
 /// latency, until DRAM itself is the limit.
-using SmallDeepTile = Tile<64, 64, 2, 2, 12>;   ///< 192 KiB: sm_90
-using NarrowDeepTile = Tile<64, 32, 4, 1, 16>;  ///< 192 KiB: sm_90
+using SmallDeepTile = Tile<64, 64, 2, 2, 12, false, true>;   ///< 192 KiB: sm_90; K rotated
+using NarrowDeepTile = Tile<64, 32, 4, 1, 16, false, true>;  ///< 192 KiB: sm_90; K rotated
 
 /// Tuning tiles (gemm_bf16_with_tile only), both with early refill. LargeEarly is the large tile
 /// with nothing else changed. MediumTwoBlocks gives 4 warps the large tile's 64×64 warp tile (the
@@ -147,11 +149,11 @@ using LargeEarlyTile4 = Tile<128, 256, 2, 4, 4, true>;      ///< 192 KiB: sm_90
 using LargeEarlyTile3 = Tile<128, 256, 2, 4, 3, true>;      ///< 144 KiB: sm_80
 using MediumTwoBlocksTile = Tile<128, 128, 2, 2, 3, true>;  ///<  96 KiB: two blocks per SM on sm_90
 
-/// Tuning tiles for the memory-bound shapes (M = 16 and 128), with the K rotation (below): the
-/// small, small-deep and narrow-deep tiles, each block starting its K loop at a different slice.
-using SmallRotatedTile = Tile<64, 64, 2, 2, 6, false, true>;        ///<  96 KiB
-using SmallDeepRotatedTile = Tile<64, 64, 2, 2, 12, false, true>;   ///< 192 KiB: sm_90
-using NarrowDeepRotatedTile = Tile<64, 32, 4, 1, 16, false, true>;  ///< 192 KiB: sm_90
+/// Tuning tiles: the small, small-deep and narrow-deep tiles without the K rotation, every block
+/// walking K from slice 0. They measure what the rotation buys (docs/notes/ch02.md, Session 12).
+using SmallUnrotatedTile = Tile<64, 64, 2, 2, 6>;        ///<  96 KiB
+using SmallDeepUnrotatedTile = Tile<64, 64, 2, 2, 12>;   ///< 192 KiB: sm_90
+using NarrowDeepUnrotatedTile = Tile<64, 32, 4, 1, 16>;  ///< 192 KiB: sm_90
 
 /// Byte offset of 16-byte chunk `chunk` of tile row `row`, XOR-swizzled (see the top of the file).
 __device__ __forceinline__ std::uint32_t swizzled(int row, int chunk) {
