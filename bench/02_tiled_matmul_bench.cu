@@ -107,6 +107,10 @@ void register_tuning(const kc::DeviceInfo& device) {
                                           kc::ch02::GemmBf16Tile::large_early_refill,
                                           kc::ch02::GemmBf16Tile::medium_two_blocks,
                                           kc::ch02::GemmBf16Tile::large_staged_store};
+  // The small tiles without K rotation: only on the memory-bound shapes where it matters.
+  const kc::ch02::GemmBf16Tile memory_bound_tiles[] = {kc::ch02::GemmBf16Tile::small_unrotated,
+                                                       kc::ch02::GemmBf16Tile::small_deep_unrotated,
+                                                       kc::ch02::GemmBf16Tile::narrow_deep_unrotated};
   auto add = [](const std::string& name, std::function<void(benchmark::State&)> body) {
     kc::bench::configure(benchmark::RegisterBenchmark(name.c_str(), std::move(body)));
   };
@@ -122,8 +126,21 @@ void register_tuning(const kc::DeviceInfo& device) {
     }
   }
   for (const GemmShape& shape : {GemmShape{4096, 4096, 4096}, GemmShape{8192, 8192, 8192}, GemmShape{128, 4096, 7168},
-                                 GemmShape{16, 4096, 7168}}) {
+                                 GemmShape{16, 4096, 7168}, GemmShape{128, 8192, 7168}}) {
     for (kc::ch02::GemmBf16Tile tile : tiles) {
+      if (!kc::ch02::gemm_bf16_tile_info(tile, device.smem_per_block_optin).fits) continue;
+      using Bf16 = __nv_bfloat16;
+      add("ch02/tune_bf16_" + std::string(kc::ch02::to_string(tile)) + "/" + case_label("bf16", shape),
+          [&device, shape, tile](benchmark::State& st) {
+            bench_gemm<Bf16>(st, device, shape,
+                             [tile](const Bf16* a, const Bf16* w, Bf16* c, GemmShape s, cudaStream_t q) {
+                               kc::ch02::gemm_bf16_with_tile(a, w, c, s, tile, q);
+                             });
+          });
+    }
+  }
+  for (const GemmShape& shape : {GemmShape{128, 4096, 7168}, GemmShape{16, 4096, 7168}, GemmShape{128, 8192, 7168}}) {
+    for (kc::ch02::GemmBf16Tile tile : memory_bound_tiles) {
       if (!kc::ch02::gemm_bf16_tile_info(tile, device.smem_per_block_optin).fits) continue;
       using Bf16 = __nv_bfloat16;
       add("ch02/tune_bf16_" + std::string(kc::ch02::to_string(tile)) + "/" + case_label("bf16", shape),

@@ -219,6 +219,25 @@ TEST(GemmBf16Tiles, TuningTilesInfo) {
   EXPECT_LE(2 * (two.smem_bytes + 1024), 233472u) << "two blocks (and their 1 KiB reserve) fit an sm_90 SM";
   EXPECT_TRUE(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::medium_two_blocks, kRtxSmem).fits);
 
+  // The unrotated tiles: the shapes, warps, stages and shared memory of small, small_deep and
+  // narrow_deep; only the order of the K slices differs.
+  const std::pair<GemmBf16Tile, GemmBf16Tile> unrotated[] = {
+      {GemmBf16Tile::small_unrotated, GemmBf16Tile::small},
+      {GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::small_deep},
+      {GemmBf16Tile::narrow_deep_unrotated, GemmBf16Tile::narrow_deep}};
+  for (const auto& [tuning, base] : unrotated) {
+    for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
+      const auto t = kc::ch02::gemm_bf16_tile_info(tuning, smem);
+      const auto b = kc::ch02::gemm_bf16_tile_info(base, smem);
+      EXPECT_EQ(t.block_m, b.block_m);
+      EXPECT_EQ(t.block_n, b.block_n);
+      EXPECT_EQ(t.warps, b.warps);
+      EXPECT_EQ(t.stages, b.stages);
+      EXPECT_EQ(t.smem_bytes, b.smem_bytes);
+      EXPECT_EQ(t.fits, b.fits);
+    }
+  }
+
   // The staged store changes how C leaves the kernel, not the tile.
   for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
     const auto staged = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_staged_store, smem);
@@ -263,6 +282,9 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
       EXPECT_NE(chosen, GemmBf16Tile::large_early_refill);
       EXPECT_NE(chosen, GemmBf16Tile::medium_two_blocks);
       EXPECT_NE(chosen, GemmBf16Tile::large_staged_store);
+      EXPECT_NE(chosen, GemmBf16Tile::small_unrotated);
+      EXPECT_NE(chosen, GemmBf16Tile::small_deep_unrotated);
+      EXPECT_NE(chosen, GemmBf16Tile::narrow_deep_unrotated);
     }
   }
   expect_invalid_argument(
@@ -287,6 +309,9 @@ TEST(GemmBf16Tiles, Names) {
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_early_refill), "large_early_refill");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium_two_blocks), "medium_two_blocks");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_staged_store), "large_staged_store");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_unrotated), "small_unrotated");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_deep_unrotated), "small_deep_unrotated");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow_deep_unrotated), "narrow_deep_unrotated");
 }
 
 TEST(MmaPeakArguments, FlopsAndSinkSize) {
@@ -419,7 +444,8 @@ INSTANTIATE_TEST_SUITE_P(GemmBf16, GemmBf16TileGpu,
                          ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
                                            GemmBf16Tile::narrow, GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep,
                                            GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
-                                           GemmBf16Tile::large_staged_store),
+                                           GemmBf16Tile::large_staged_store, GemmBf16Tile::small_unrotated,
+                                           GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::narrow_deep_unrotated),
                          [](const ::testing::TestParamInfo<GemmBf16Tile>& info) {
                            return std::string(kc::ch02::to_string(info.param));
                          });

@@ -307,9 +307,11 @@ TEST_F(FusedEpilogueGpu, EveryOptionMatchesFp64) {
 // 4096² the large one; each must apply the epilogue at its own edges.
 TEST_F(FusedEpilogueGpu, EveryTile) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow,
-                            GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep, GemmBf16Tile::large_early_refill,
-                            GemmBf16Tile::medium_two_blocks, GemmBf16Tile::large_staged_store}) {
+  for (GemmBf16Tile tile :
+       {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow, GemmBf16Tile::small_deep,
+        GemmBf16Tile::narrow_deep, GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
+        GemmBf16Tile::large_staged_store, GemmBf16Tile::small_unrotated, GemmBf16Tile::small_deep_unrotated,
+        GemmBf16Tile::narrow_deep_unrotated}) {
     if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) continue;
     SCOPED_TRACE(kc::ch02::to_string(tile));
     for (GemmShape s : {GemmShape{33, 40, 56}, GemmShape{129, 257, 72}, GemmShape{300, 520, 200}}) {
@@ -338,7 +340,8 @@ TEST_F(FusedEpilogueGpu, ResidualMayBeCInPlace) {
     const std::vector<double> want = kc::ch03::linear_reference(widen(p.a), widen(p.w), widen(p.bias),
                                                                 widen(p.residual), Activation::gelu_erf, s.m, s.n, s.k);
     for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow,
-                              GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep}) {
+                              GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep, GemmBf16Tile::small_unrotated,
+                              GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::narrow_deep_unrotated}) {
       if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) continue;
       SCOPED_TRACE(std::string(kc::ch02::to_string(tile)) + " n=" + std::to_string(n));
       kc::DeviceBuffer<bf16> a(p.a), w(p.w), bias(p.bias), c(p.residual);

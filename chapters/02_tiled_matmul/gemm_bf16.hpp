@@ -64,6 +64,11 @@ enum class GemmBf16Tile {
   /// pairs per thread, stored by ~1,000 instructions that run once per tile from a cold
   /// instruction cache.
   large_staged_store,
+  /// Tuning tiles (never chosen by choose_gemm_bf16_tile): small, small_deep and narrow_deep
+  /// without the K rotation (every block walks K from slice 0), to measure what the rotation buys.
+  small_unrotated,
+  small_deep_unrotated,   ///< see small_unrotated
+  narrow_deep_unrotated,  ///< see small_unrotated
 };
 
 /// What one tile choice means on a given GPU.
@@ -115,7 +120,8 @@ void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bf
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
 /// The printable name of @p tile ("large", "medium", "small", "narrow", "small_deep", "narrow_deep",
-/// "large_early_refill", "medium_two_blocks", "large_staged_store").
+/// "large_early_refill", "medium_two_blocks", "large_staged_store", "small_unrotated",
+/// "small_deep_unrotated", "narrow_deep_unrotated").
 const char* to_string(GemmBf16Tile tile);
 
 /// The mma.sync peak microbenchmark: every warp issues back-to-back mma.sync m16n8k16 bf16 on

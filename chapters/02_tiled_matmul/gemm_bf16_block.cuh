@@ -99,17 +99,24 @@ constexpr int kSmallestBlockN = 32;                         ///< smallest block_
 
 /// A block tile: kBlockM × kBlockN of C, computed by kWarpsM × kWarpsN warps, with kStages buffers;
 /// kEarlyRefill picks the early-refill schedule (see the top of the file).
-template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEarlyRefill = false>
+template <int kBlockM, int kBlockN, int kWarpsM, int kWarpsN, int kStages, bool kEarlyRefill = false,
+          bool kRotateK = false>
 struct Tile {
   static constexpr int block_m = kBlockM;             ///< rows of C per block
   static constexpr int block_n = kBlockN;             ///< columns of C per block
   static constexpr int warps_n = kWarpsN;             ///< warps along N (warp w sits at row w / warps_n)
   static constexpr int stages = kStages;              ///< pipeline buffers of one 64-wide K slice each
   static constexpr bool early_refill = kEarlyRefill;  ///< the early-refill schedule
-  static constexpr int warps = kWarpsM * kWarpsN;     ///< warps per block
-  static constexpr int threads = 32 * warps;          ///< threads per block
-  static constexpr int warp_m = kBlockM / kWarpsM;    ///< rows of C per warp
-  static constexpr int warp_n = kBlockN / kWarpsN;    ///< columns of C per warp
+  /// K rotation: the block of n-tile j of T starts its K loop at slice j · slices / T and wraps
+  /// around. When M is small, all the blocks of a row of tiles read the same A rows: at M = 128
+  /// with the small tile, 64 blocks stream the same 0.9 MB of A, and without rotation they ask for
+  /// the same L2 lines at the same moment, which queue at the few L2 slices that hold them. Rotated,
+  /// they read different slices of A at any moment. Only the order of the K sum changes.
+  static constexpr bool rotate_k = kRotateK;
+  static constexpr int warps = kWarpsM * kWarpsN;                      ///< warps per block
+  static constexpr int threads = 32 * warps;                           ///< threads per block
+  static constexpr int warp_m = kBlockM / kWarpsM;                     ///< rows of C per warp
+  static constexpr int warp_n = kBlockN / kWarpsN;                     ///< columns of C per warp
   static constexpr int stage_bytes = (kBlockM + kBlockN) * kRowBytes;  ///< one slice of A and W
   static constexpr int smem_bytes = kStages * stage_bytes;             ///< dynamic shared memory per block
 };
@@ -118,20 +125,20 @@ struct Tile {
 /// (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 / sm_89). The small tile streams memory-bound
 /// shapes, so it takes six stages: 80 KiB of copies in flight per block, and still two blocks per SM
 /// on sm_90.
-using LargeTile4 = Tile<128, 256, 2, 4, 4>;   ///< 192 KiB: sm_90
-using LargeTile3 = Tile<128, 256, 2, 4, 3>;   ///< 144 KiB: sm_80
-using MediumTile4 = Tile<128, 128, 2, 4, 4>;  ///< 128 KiB: sm_80, sm_90
-using MediumTile3 = Tile<128, 128, 2, 4, 3>;  ///<  96 KiB: sm_86 / sm_89
-using SmallTile = Tile<64, 64, 2, 2, 6>;      ///<  96 KiB: all
-using NarrowTile = Tile<64, 32, 4, 1, 8>;     ///<  96 KiB: all
+using LargeTile4 = Tile<128, 256, 2, 4, 4>;             ///< 192 KiB: sm_90
+using LargeTile3 = Tile<128, 256, 2, 4, 3>;             ///< 144 KiB: sm_80
+using MediumTile4 = Tile<128, 128, 2, 4, 4>;            ///< 128 KiB: sm_80, sm_90
+using MediumTile3 = Tile<128, 128, 2, 4, 3>;            ///<  96 KiB: sm_86 / sm_89
+using SmallTile = Tile<64, 64, 2, 2, 6, false, true>;   ///<  96 KiB: all; K rotated (below)
+using NarrowTile = Tile<64, 32, 4, 1, 8, false, true>;  ///<  96 KiB: all; K rotated (below)
 
 /// The small and narrow tiles for a single wave (at most one block per SM): one block then has the
 /// SM's shared memory to itself, and a memory-bound GEMM that streams W once (M = 16 or 128) needs
 /// bytes in flight more than anything else. Twice the stages keep twice the copies in flight per SM
 /// (176 KiB instead of 80 KiB for the small tile): by Little's law, twice the bandwidth at the same
 /// latency, until DRAM itself is the limit.
-using SmallDeepTile = Tile<64, 64, 2, 2, 12>;   ///< 192 KiB: sm_90
-using NarrowDeepTile = Tile<64, 32, 4, 1, 16>;  ///< 192 KiB: sm_90
+using SmallDeepTile = Tile<64, 64, 2, 2, 12, false, true>;   ///< 192 KiB: sm_90; K rotated
+using NarrowDeepTile = Tile<64, 32, 4, 1, 16, false, true>;  ///< 192 KiB: sm_90; K rotated
 
 /// Tuning tiles (gemm_bf16_with_tile only), both with early refill. LargeEarly is the large tile
 /// with nothing else changed. MediumTwoBlocks gives 4 warps the large tile's 64×64 warp tile (the
@@ -141,6 +148,12 @@ using NarrowDeepTile = Tile<64, 32, 4, 1, 16>;  ///< 192 KiB: sm_90
 using LargeEarlyTile4 = Tile<128, 256, 2, 4, 4, true>;      ///< 192 KiB: sm_90
 using LargeEarlyTile3 = Tile<128, 256, 2, 4, 3, true>;      ///< 144 KiB: sm_80
 using MediumTwoBlocksTile = Tile<128, 128, 2, 2, 3, true>;  ///<  96 KiB: two blocks per SM on sm_90
+
+/// Tuning tiles: the small, small-deep and narrow-deep tiles without the K rotation, every block
+/// walking K from slice 0. They measure what the rotation buys (docs/notes/ch02.md, Session 12).
+using SmallUnrotatedTile = Tile<64, 64, 2, 2, 6>;        ///<  96 KiB
+using SmallDeepUnrotatedTile = Tile<64, 64, 2, 2, 12>;   ///< 192 KiB: sm_90
+using NarrowDeepUnrotatedTile = Tile<64, 32, 4, 1, 16>;  ///< 192 KiB: sm_90
 
 /// Byte offset of 16-byte chunk `chunk` of tile row `row`, XOR-swizzled (see the top of the file).
 __device__ __forceinline__ std::uint32_t swizzled(int row, int chunk) {
@@ -631,10 +644,19 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   // each for the whole loop, and ptxas then recomputes the copies' addresses every slice: the
   // small tile's loop grew from 157 to 169 instructions and its 128 x 4096 x 7168 GEMM slowed by
   // ~25 % (docs/notes/data/ch02_tune_5762b76.json against ch02_tune_651cfa9.json).
+  const int k_tiles = k_tile_end - k_tile_begin;  // slices of this call; k_tile below counts from k_tile_begin
+  int k_rotation = 0;                             // slice the loop starts at (Cfg::rotate_k)
+  if constexpr (Cfg::rotate_k) {
+    const std::int64_t tiles_n = (n + Cfg::block_n - 1) / Cfg::block_n;
+    k_rotation = static_cast<int>(static_cast<std::int64_t>(block_col0 / Cfg::block_n) * k_tiles / tiles_n);
+  }
   auto issue_copies = [&](int stage, int k_tile) {
     const std::uint32_t stage_base = smem_base + stage * Cfg::stage_bytes;
-    a_copy.issue(stage_base, (k_tile_begin + k_tile) * kBlockK, k, a);
-    w_copy.issue(stage_base + Cfg::block_m * kRowBytes, (k_tile_begin + k_tile) * kBlockK, k, w);
+    int slice = k_tile;
+    if constexpr (Cfg::rotate_k)
+      slice = k_tile + k_rotation < k_tiles ? k_tile + k_rotation : k_tile + k_rotation - k_tiles;
+    a_copy.issue(stage_base, (k_tile_begin + slice) * kBlockK, k, a);
+    w_copy.issue(stage_base + Cfg::block_m * kRowBytes, (k_tile_begin + slice) * kBlockK, k, w);
   };
 
   // This lane's ldmatrix row for k16 step 0. A, one m16 tile: lanes 0-15 give rows 0-15 at k 0-7,
@@ -668,8 +690,6 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
       b_frag[buffer][2 * pair + 1][1] = r[3];
     }
   };
-
-  const int k_tiles = k_tile_end - k_tile_begin;  // slices of this call; k_tile below counts from k_tile_begin
 
   // Prologue: slices 0 … S-2 in flight (0 … S-1 with early refill, which fills every buffer). Every
   // thread commits exactly one group per slice, empty ones included, so "kPrologue - 1 groups may

@@ -86,6 +86,9 @@ DeviceLimits current_device_limits() {
     allow_dynamic_shared_memory<LargeEarlyTile4>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<LargeEarlyTile3>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<MediumTwoBlocksTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<SmallUnrotatedTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<SmallDeepUnrotatedTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory<NarrowDeepUnrotatedTile>(limits.smem_per_block_optin);
     return limits;
   });
 }
@@ -147,6 +150,9 @@ const char* to_string(GemmBf16Tile tile) {
     case GemmBf16Tile::large_early_refill: return "large_early_refill";
     case GemmBf16Tile::medium_two_blocks: return "medium_two_blocks";
     case GemmBf16Tile::large_staged_store: return "large_staged_store";
+    case GemmBf16Tile::small_unrotated: return "small_unrotated";
+    case GemmBf16Tile::small_deep_unrotated: return "small_deep_unrotated";
+    case GemmBf16Tile::narrow_deep_unrotated: return "narrow_deep_unrotated";
   }
   return "unknown";
 }
@@ -168,6 +174,9 @@ GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_blo
       return LargeEarlyTile4::smem_bytes <= smem_per_block_optin ? info_of<LargeEarlyTile4>(smem_per_block_optin)
                                                                  : info_of<LargeEarlyTile3>(smem_per_block_optin);
     case GemmBf16Tile::medium_two_blocks: return info_of<MediumTwoBlocksTile>(smem_per_block_optin);
+    case GemmBf16Tile::small_unrotated: return info_of<SmallUnrotatedTile>(smem_per_block_optin);
+    case GemmBf16Tile::small_deep_unrotated: return info_of<SmallDeepUnrotatedTile>(smem_per_block_optin);
+    case GemmBf16Tile::narrow_deep_unrotated: return info_of<NarrowDeepUnrotatedTile>(smem_per_block_optin);
   }
   throw InvalidArgument("tile (" + std::to_string(static_cast<int>(tile)) + ") is not a GemmBf16Tile");
 }
@@ -340,6 +349,15 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
       break;
     case GemmBf16Tile::medium_two_blocks:
       launch<MediumTwoBlocksTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+      break;
+    case GemmBf16Tile::small_unrotated:
+      launch<SmallUnrotatedTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+      break;
+    case GemmBf16Tile::small_deep_unrotated:
+      launch<SmallDeepUnrotatedTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
+      break;
+    case GemmBf16Tile::narrow_deep_unrotated:
+      launch<NarrowDeepUnrotatedTile>(a, w, c, shape, paired, epilogue, limits.smem_per_block_optin, stream);
       break;
     case GemmBf16Tile::large_staged_store:
       if constexpr (Epilogue::staged) {  // Chapter 3's epilogues are staged on every tile
