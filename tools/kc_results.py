@@ -133,6 +133,9 @@ class Measurement:
     bytes_per_second: Optional[float] = None  # median over repetitions
     flops: Optional[float] = None  # FLOP/s, median over repetitions
     error: Optional[str] = None  # set when the benchmark reported an error or was skipped
+    # The benchmark's other user counters (median aggregate, or the first repetition), e.g. Chapter
+    # 6's "waves" and "last_wave_utilisation": facts of the run, not rates.
+    counters: Dict[str, float] = field(default_factory=dict)
 
     @property
     def measured(self) -> bool:
@@ -211,6 +214,25 @@ def _base_run_name(entry: Dict[str, Any]) -> str:
     return name
 
 
+# Keys of a Google Benchmark entry that are not user counters.
+_NOT_COUNTERS = {"name", "family_index", "per_family_instance_index", "run_name", "run_type", "repetitions",
+                 "repetition_index", "threads", "iterations", "real_time", "cpu_time", "time_unit",
+                 "aggregate_name", "aggregate_unit", "bytes_per_second", "items_per_second", "flops",
+                 "error_occurred", "error_message", "skipped", "skip_message", "label"}
+
+
+def _user_counters(entry: Dict[str, Any]) -> Dict[str, float]:
+    """The numeric user counters of one benchmark entry."""
+    found = {}
+    for key, value in entry.items():
+        if key in _NOT_COUNTERS or isinstance(value, bool):
+            continue
+        number = _to_float(value)
+        if number is not None:
+            found[key] = number
+    return found
+
+
 def _measurement_from(run_name: str, source: str, aggregates: Dict[str, Dict[str, Any]],
                       iterations: List[Dict[str, Any]], errors: List[str]) -> Measurement:
     parsed = parse_run_name(run_name)
@@ -233,6 +255,7 @@ def _measurement_from(run_name: str, source: str, aggregates: Dict[str, Dict[str
         m.repetitions = int(reps) if isinstance(reps, (int, float)) and not isinstance(reps, bool) else None
         m.bytes_per_second = _to_float(central.get("bytes_per_second"))
         m.flops = _to_float(central.get("flops"))
+        m.counters = _user_counters(central)
     elif iterations:
         times = [t for t in (_seconds(e) for e in iterations) if t is not None]
         if times:
@@ -245,6 +268,7 @@ def _measurement_from(run_name: str, source: str, aggregates: Dict[str, Dict[str
             values = [v for v in (_to_float(e.get(key)) for e in iterations) if v is not None]
             if values:
                 setattr(m, key, _median(values))
+        m.counters = _user_counters(iterations[0])
     if not m.measured:
         m.time_s = None
         m.error = errors[0] if errors else "no time reported"
@@ -1057,6 +1081,29 @@ _RATIO_RE = re.compile(r"(<!-- kc:ratio (\S+) -->)(.*?)(<!-- /kc:ratio -->)")
 _REMOVED_RE = re.compile(r"(<!-- kc:removed (\S+) -->)(.*?)(<!-- /kc:removed -->)")
 
 
+# A user counter of one benchmark, as the run recorded it (Chapter 6's wave arithmetic for the GPU
+# it ran on):  <!-- kc:counter ch06/after/tail_G4xM384_N2048_K7168/waves -->...<!-- /kc:counter -->.
+# Whole numbers print as such; counters named *utilisation or *efficiency (fractions) as percent.
+_COUNTER_RE = re.compile(r"(<!-- kc:counter (\S+) -->)(.*?)(<!-- /kc:counter -->)")
+
+
+def counter_text(results: Optional[ChapterResults], name: str) -> str:
+    """The text of a kc:counter marker (see _COUNTER_RE)."""
+    fields = name.split("/")
+    if len(fields) != 4 or not re.fullmatch(r"ch\d\d", fields[0]) or not all(fields):
+        raise ResultsError("kc:counter %s: expected chNN/variant/case/counter" % name)
+    _, variant, case, counter = fields
+    m = results.find(case, variant) if results is not None else None
+    if m is None or not m.measured or counter not in m.counters:
+        return "not yet measured"
+    value = m.counters[counter]
+    if counter.endswith("utilisation") or counter.endswith("efficiency"):
+        return "%.0f %%" % (100 * value)
+    if value == int(value):
+        return "%d" % int(value)
+    return "%.3g" % value
+
+
 def _split_derived(name: str, parts: int, marker: str) -> Tuple[str, str, List[str]]:
     """Splits ``chNN/case/variant...`` into chapter, case and ``parts`` variants."""
     fields = name.split("/")
@@ -1107,7 +1154,7 @@ def removed_text(results: Optional[ChapterResults], name: str) -> str:
 
 def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
                  others: Optional[Callable[[str], Tuple[Optional[ChapterResults], Optional[Chapter]]]] = None) -> str:
-    """Replaces the content of every inline figure, ratio and removed-share marker in ``text``. A
+    """Replaces the content of every inline figure, ratio, counter and removed-share marker in ``text``. A
     marker names its chapter (``chNN/...``): figures of ``chapter`` come from ``results``, figures
     of another chapter (a lesson quoting an earlier one) from ``others(chapter_id)`` when given."""
     def replace(mt: "re.Match[str]") -> str:
@@ -1136,8 +1183,13 @@ def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
         name = mt.group(2)
         return mt.group(1) + removed_text(results_of(name.split("/", 1)[0], name, "removed"), name) + mt.group(4)
 
+    def replace_counter(mt: "re.Match[str]") -> str:
+        name = mt.group(2)
+        return mt.group(1) + counter_text(results_of(name.split("/", 1)[0], name, "counter"), name) + mt.group(4)
+
     text = _FIGURE_RE.sub(replace, text)
     text = _RATIO_RE.sub(replace_ratio, text)
+    text = _COUNTER_RE.sub(replace_counter, text)
     return _REMOVED_RE.sub(replace_removed, text)
 
 
@@ -1154,7 +1206,7 @@ def lesson_updates(results_dir: str, readme_path: str, chapters: Sequence[Chapte
         if lesson_begin_marker(chapter.id) in current:
             block = render_lesson_block(results_dir, path, chapter)
             expected = replace_marked_block(expected, block, lesson_begin_marker(chapter.id), LESSON_END)
-        if _FIGURE_RE.search(expected) or _RATIO_RE.search(expected) or _REMOVED_RE.search(expected):
+        if any(r.search(expected) for r in (_FIGURE_RE, _RATIO_RE, _REMOVED_RE, _COUNTER_RE)):
             index = _chapter_index(chapters)
 
             def others(chapter_id: str) -> Tuple[Optional[ChapterResults], Optional[Chapter]]:

@@ -575,6 +575,31 @@ class DerivedMarkerTest(unittest.TestCase):
                          "x <!-- kc:ratio ch03/caseA/before/after -->1.20 × (1.12–1.29)<!-- /kc:ratio --> y")
 
 
+class CounterMarkerTest(unittest.TestCase):
+    """kc:counter: a user counter of the run (Chapter 6's waves), read from the results JSON."""
+
+    def test_counters_are_read_and_shown(self):
+        doc = {"context": {}, "benchmarks": [
+            {"name": "ch06/after/caseA/manual_time_median", "run_name": "ch06/after/caseA/manual_time",
+             "run_type": "aggregate", "aggregate_name": "median", "repetitions": 3, "real_time": 100.0,
+             "time_unit": "us", "flops": 1e12, "waves": 2.0, "last_wave_utilisation": 0.4545, "slots": 132.0},
+        ]}
+        bench = kr.parse_benchmark_json(doc, "ch06_bench.json")
+        m = bench.measurements[0]
+        self.assertEqual(m.counters, {"waves": 2.0, "last_wave_utilisation": 0.4545, "slots": 132.0})
+        r = kr.ChapterResults("ch06", [bench], {}, True)
+        self.assertEqual(kr.counter_text(r, "ch06/after/caseA/waves"), "2")
+        self.assertEqual(kr.counter_text(r, "ch06/after/caseA/last_wave_utilisation"), "45 %")
+        self.assertEqual(kr.counter_text(r, "ch06/after/caseA/tiles"), "not yet measured")
+        self.assertEqual(kr.counter_text(r, "ch06/before/caseA/waves"), "not yet measured")
+        with self.assertRaises(kr.ResultsError):
+            kr.counter_text(r, "ch06/after/caseA")
+        ch06 = kr.Chapter(id="ch06", dir="06_persistent", title="Persistent", metric="flops")
+        text = "w <!-- kc:counter ch06/after/caseA/waves -->typed<!-- /kc:counter --> z"
+        self.assertEqual(kr.fill_figures(text, r, ch06),
+                         "w <!-- kc:counter ch06/after/caseA/waves -->2<!-- /kc:counter --> z")
+
+
 class SummaryTest(unittest.TestCase):
     def test_summary_of_both_versions(self):
         status, out, _ = run_main(["summary", data("gbench_1.7.json"), data("gbench_1.8.json")])
