@@ -275,14 +275,15 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
   return d;
 }
 
-// tune_prefetch_l2: the benchmark's tuning candidate (fp32 logits, counts fused).
-enum class Path { before, after_fused, after_separate, tune_prefetch_l2 };
+// tune_prefetch_l2, tune_lean: the benchmark's tuning candidates (fp32 logits, counts fused).
+enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_lean };
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
     case Path::after_fused: return "after_counts_fused";
     case Path::after_separate: return "after_counts_separate";
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
+    case Path::tune_lean: return "tune_lean";
   }
   return "unknown";
 }
@@ -292,11 +293,15 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
-  } else if (path == Path::tune_prefetch_l2) {
+  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_lean) {
     if constexpr (std::is_same_v<T, float>) {
-      kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
+      if (path == Path::tune_prefetch_l2) {
+        kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
+      } else {
+        kc::ch04::tune::gating_after_lean(p, logits, out, stream);
+      }
     } else {
-      FAIL() << "the prefetch candidate takes fp32 logits only";
+      FAIL() << "the tuning candidates take fp32 logits only";
     }
   } else {
     kc::ch04::gating_after(p, logits, bias, out, stream,
@@ -344,7 +349,7 @@ const int kKs[] = {1, 2, 6, 8, 32};
 
 TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::before}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::before, Path::tune_lean}) {
     for (int e : kExperts) {
       for (int k : kKs) {
         if (k > e) continue;
@@ -389,12 +394,14 @@ TEST_F(MoeGatingGpu, AfterIsExactOnUnstructuredFp32) {
   }
 }
 
-// The L2-prefetch candidate (a tuning row) must be `after` with one more instruction per vector:
-// exact ids, on every layout (E from 8 to 512) and on grids with a partial last round of rows.
-TEST_F(MoeGatingGpu, PrefetchCandidateMatchesTheReference) {
+// The tuning candidates (the L2 prefetch; the lean rounds) must be `after` with fewer or more
+// instructions: exact ids, on every layout (E from 8 to 512), k up to 32 (the lean rounds keep
+// k + 1 winners in shared memory), and on grids with a partial last round of rows.
+TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
   const std::uint64_t seed = kc::test::test_seed();
   for (int e : {8, 64, 128, 256, 384, 512}) {
-    for (int k : {1, 8}) {
+    for (int k : {1, 8, 32}) {
+      if (k > e) continue;
       for (std::int64_t t : {1, 7, 4096, 70001}) {
         if (t >= 4096 && kc::test::small_tests_only()) continue;
         // 70001 rows: a warp walks ~13 rows at E = 256 (5280 rows a stride), so the prefetch runs,
@@ -403,13 +410,14 @@ TEST_F(MoeGatingGpu, PrefetchCandidateMatchesTheReference) {
         std::vector<float> logits(static_cast<std::size_t>(t * e));
         kc::fill_uniform(std::span<float>(logits), seed + e * 7 + k);
         check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_lean, softmax_params(t, e, k, true), logits);
       }
     }
   }
 }
 
 TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
-  for (Path path : {Path::after_fused, Path::before}) {
+  for (Path path : {Path::after_fused, Path::before, Path::tune_lean}) {
     for (int e : {8, 60, 256, 512}) {
       // Few distinct values: every row is full of exact ties, across lanes and within a lane.
       std::vector<float> logits(static_cast<std::size_t>(64) * e);
@@ -422,8 +430,8 @@ TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
 
 TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
-  for (int e : {8, 64, 256}) {
-    std::vector<float> logits = grid_logits(static_cast<std::size_t>(6) * e, 99);
+  for (int e : {8, 64, 256, 512}) {
+    std::vector<float> logits = grid_logits(static_cast<std::size_t>(7) * e, 99);
     float* r = logits.data();
     r[0 * e + 3] = nan;                                  // row 0: one NaN among finite values
     r[1 * e + 1] = inf;                                  // row 1: one +Inf
@@ -431,9 +439,12 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
     std::fill(r + 3 * e, r + 4 * e, -inf);               // row 3: all -Inf: weights 0
     std::fill(r + 4 * e, r + 5 * e, nan);                // row 4: all NaN: weights 0
     for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
-    // Only the fused path: the before path ranks probabilities, where NaN and -Inf both become 0.
-    check_case(Path::after_fused, softmax_params(6, e, std::min(e, 6), false), logits);
-    check_case(Path::after_fused, softmax_params(6, e, std::min(e, 6), true), logits);
+    r[6 * e + 0] = inf, r[6 * e + 1] = -inf;             // row 6: +Inf beside -Inf (one lane's sum is NaN)
+    // Only the fused paths: the before path ranks probabilities, where NaN and -Inf both become 0.
+    for (Path path : {Path::after_fused, Path::tune_lean}) {
+      check_case(path, softmax_params(7, e, std::min(e, 6), false), logits);
+      check_case(path, softmax_params(7, e, std::min(e, 6), true), logits);
+    }
   }
 }
 

@@ -159,6 +159,18 @@ void gating_after_v3(const GatingParams& params, const float* logits, const Gati
 /// @param stream the stream to enqueue on
 void gating_after_prefetch_l2(const GatingParams& params, const float* logits, const GatingOutputs& out,
                               cudaStream_t stream = nullptr);
+
+/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run through
+/// `after`'s kernel with fewer ALU instructions a row (a candidate: docs/notes/ch04.md, Session 12:
+/// the rounds' winners through shared memory, the NaN test on the FMA pipe). Its outputs equal
+/// gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument for deepseek_v3
+/// or bad @p params.
+/// @param params shape and options
+/// @param logits [T, E] fp32 logits
+/// @param out outputs
+/// @param stream the stream to enqueue on
+void gating_after_lean(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                       cudaStream_t stream = nullptr);
 }  // namespace tune
 
 /// The fp64 CPU reference's result.

@@ -440,9 +440,14 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
 // The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
 // untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
 // r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
-template <int L, int N, int kIdBits, int kSlots>
+// kWinnersInShared (L = 32 only, a tuning candidate: docs/notes/ch04.md, Session 12): every round
+// stores its winner to the warp's row of `winners` in shared memory (one store, on the memory pipe)
+// instead of each lane testing "is this my slot?" (a compare and a select on the ALU pipe, which
+// bounds the kernel); after the rounds each lane reads its slot and the next one.
+template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false>
 __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N], int seg_lane, int k,
-                                                    unsigned (&slot)[kSlots]) {
+                                                    unsigned (&slot)[kSlots], unsigned* winners = nullptr) {
+  static_assert(!kWinnersInShared || L == 32, "winners in shared memory: one row per warp (L = 32)");
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
   unsigned c1, c2;
   top2_packed<0, N>(packed, c1, c2);
@@ -454,15 +459,18 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
     // An empty asm statement: the optimiser can no longer derive a second counter (r - seg_lane)
     // for the slot test below, so one counter serves the loop and the slot (a round is 12 SASS
     // instructions instead of 13).
-    asm volatile("" : "+r"(r));
+    if constexpr (!kWinnersInShared) asm volatile("" : "+r"(r));
     best = segment_max<L>(c1);
+    if constexpr (kWinnersInShared) winners[r] = best;  // every lane stores the same value: one write
     // L = 32 checks once after the rounds (below): 3 instructions a round saved.
     if constexpr (L < 32) shared_prefix = shared_prefix || (best ^ previous) <= kIdMask;
     if (r == k) break;  // round k only finds the (k+1)-th
     previous = best;
+    if constexpr (!kWinnersInShared) {
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      if (r == s * L + seg_lane) slot[s] = best;
+      for (int s = 0; s < kSlots; ++s) {
+        if (r == s * L + seg_lane) slot[s] = best;
+      }
     }
     const bool won = c1 == best;
     const bool dry = won && c1 == c2;  // won, and no second candidate known
@@ -475,7 +483,15 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
       top2_packed<0, N>(below, c1, c2);
     }
   }
-  if constexpr (L == 32) {
+  if constexpr (kWinnersInShared) {
+    // winners[0 .. k] hold the k winners and the (k+1)-th. Every lane stored every one of them
+    // itself (the same values), so it reads its own stores: no barrier. Lanes from k on read
+    // entries that this row did not write and use neither.
+    const unsigned mine = winners[seg_lane];
+    const unsigned next = winners[seg_lane + 1];
+    slot[0] = seg_lane < k ? mine : 0u;
+    shared_prefix = seg_lane < k && (mine ^ next) <= kIdMask;
+  } else if constexpr (L == 32) {
     // Lane r holds winner r (kSlots == 1): compare it with lane r + 1's, lane k - 1 with the
     // (k+1)-th, which is the last `best`.
     const unsigned right = __shfl_down_sync(kFullMask, slot[0], 1);
@@ -580,9 +596,14 @@ struct GridStride {
 // kPrefetchL2: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v4_prefetch; docs/notes/ch04.md,
 // Session 8). Each iteration also asks L2 for the row after next, so a warp has two rows on their way
 // from DRAM instead of one; `after` runs without it until it is measured.
-template <typename T, int L, int N, int V, bool kPrefetchL2 = false>
+// kLean: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v5; docs/notes/ch04.md, Session 12) with
+// fewer ALU instructions a row, the pipe that bounds the kernel: the rounds' winners go through
+// shared memory (L = 32), and the NaN test of the keys adds the values on the FMA pipe (a NaN or
+// an Inf - Inf makes the sum NaN; the second only sends the warp down the exact slow path).
+template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
+  constexpr bool kWinnersInShared = kLean && L == 32;
   constexpr int kIdBits = id_bits<L, N>();
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
   constexpr int kRounds = 32 < L * N ? 32 : L * N;  // k <= min(E, 32) <= L * N
@@ -618,11 +639,27 @@ __global__ void __launch_bounds__(kThreads)
     const bool active = row < a.num_tokens;  // false only in a partial last warp at L < 32
     unsigned packed[N];
     bool odd = lane_has_padding;
+    if constexpr (kLean) {
 #pragma unroll
-    for (int j = 0; j < N; j += 2) {
-      packed[j] = packed_key<L, V, kIdBits>(x[j], j, seg_lane);
-      packed[j + 1] = packed_key<L, V, kIdBits>(x[j + 1], j + 1, seg_lane);
-      odd = odd || !(x[j] == x[j] && x[j + 1] == x[j + 1]);  // one unordered compare for the pair
+      for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, seg_lane);
+      // A pairwise sum (N - 1 adds on the FMA pipe, then one compare): NaN iff some value is NaN,
+      // or +Inf and -Inf (or overflows of both signs) meet, which only costs the slow path.
+      float sum[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) sum[j] = x[j];
+#pragma unroll
+      for (int width = N / 2; width > 0; width /= 2) {
+#pragma unroll
+        for (int j = 0; j < width; ++j) sum[j] += sum[j + width];
+      }
+      odd = odd || sum[0] != sum[0];
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; j += 2) {
+        packed[j] = packed_key<L, V, kIdBits>(x[j], j, seg_lane);
+        packed[j + 1] = packed_key<L, V, kIdBits>(x[j + 1], j + 1, seg_lane);
+        odd = odd || !(x[j] == x[j] && x[j + 1] == x[j + 1]);  // one unordered compare for the pair
+      }
     }
     if (__any_sync(kFullMask, odd)) fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, seg_lane, packed);
     load_row_if<T, L, N, V>(lane_logits + stride.logits, row + stride.rows < a.num_tokens, a.num_experts, seg_lane, x);
@@ -633,7 +670,14 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     unsigned slot[kSlots] = {};  // lanes past k keep 0 and store nothing
-    const bool shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
+    bool shared_prefix = false;
+    if constexpr (kWinnersInShared) {
+      __shared__ unsigned winners[kWarpsPerBlock][33];  // k <= 32 winners and the (k+1)-th
+      shared_prefix =
+          select_top_k_packed<L, N, kIdBits, kSlots, true>(packed, seg_lane, a.k, slot, winners[threadIdx.x / 32]);
+    } else {
+      shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
+    }
     int id[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) id[s] = static_cast<int>(~slot[s] & kIdMask);
@@ -898,6 +942,7 @@ enum class SoftmaxKernel {
   version4,           // the packed-key kernel: `after`
   version3,           // the previous kernel (full 32-bit keys)
   version4_prefetch,  // Version 4 with the row after next prefetched to L2
+  version5,           // Version 4 with fewer ALU instructions a row (kLean)
 };
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
@@ -908,7 +953,8 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) 
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
     kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
   } else {
-    const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch>;
+    const auto kernel =
+        fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kKernel == SoftmaxKernel::version5>;
     const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache));
     const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
     kernel<<<blocks, kThreads, 0, stream>>>(logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
@@ -1011,6 +1057,10 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
                               cudaStream_t stream) {
   gating_after_impl<float, SoftmaxKernel::version4_prefetch>(params, logits, nullptr, out, stream,
                                                              CountMode::fused_atomics);
+}
+
+void gating_after_lean(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
+  gating_after_impl<float, SoftmaxKernel::version5>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
 }  // namespace tune
