@@ -135,6 +135,12 @@ TEST(MoeGatingArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
   EXPECT_NO_THROW(kc::ch04::gating_after(softmax_params(0, 8, 2), static_cast<const float*>(nullptr), nullptr, {}))
       << "T = 0 must launch nothing";
   EXPECT_EQ(kc::ch04::gating_before_workspace_bytes(softmax_params(0, 8, 2)), 0u);
+  // The lean tuning candidate counts rows in 32 bits: T · E at most 2^30.
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::tune::gating_after_lean(softmax_params((std::int64_t{1} << 22) + 1, 256, 8), &x, {&x, &i});
+      },
+      "params.num_tokens * params.num_experts (4194305 * 256) must be at most 2^30 for the 32-bit lean kernel");
 }
 
 // ---------------------------------------------------------------- CPU: the reference itself

@@ -162,9 +162,9 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
 
 /// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run through
 /// `after`'s kernel with fewer ALU instructions a row (a candidate: docs/notes/ch04.md, Session 12:
-/// the rounds' winners through shared memory, the NaN test on the FMA pipe). Its outputs equal
-/// gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument for deepseek_v3
-/// or bad @p params.
+/// the rounds' winners through shared memory, the NaN test on the FMA pipe, 32-bit row counters).
+/// Its outputs equal gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument
+/// for deepseek_v3, bad @p params, or num_tokens · num_experts above 2^30.
 /// @param params shape and options
 /// @param logits [T, E] fp32 logits
 /// @param out outputs

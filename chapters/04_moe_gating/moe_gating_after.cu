@@ -35,10 +35,12 @@
 // exp once, and one segment sum (5 shuffles at L = 32) gives the renormalising denominator. The full
 // softmax denominator (softmax_then_topk without renormalisation) needs exp over all E values
 // instead; topk_then_softmax is the renormalised case.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "gating_device.cuh"
 #include "kc/check.hpp"
@@ -617,26 +619,31 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int seg_lane = lane % L;
   const int lane_first = expert_of<L, V>(0, seg_lane);  // the lane's first expert
-  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  // Rows and output elements: 64-bit, or 32-bit in the lean candidate (its launch checks that
+  // T · E stays below 2^30), which halves the ALU instructions of the row bookkeeping.
+  using Index = std::conditional_t<kLean, int, std::int64_t>;
+  const Index tokens = static_cast<Index>(a.num_tokens);
+  const Index stride_rows = static_cast<Index>(stride.rows);
+  const Index warp = static_cast<Index>(blockIdx.x) * kWarpsPerBlock + static_cast<Index>(threadIdx.x / 32);
   // The lane's last vector is its highest expert: past E means the lane holds padding.
   const bool lane_has_padding = expert_of<L, V>(N - V, seg_lane) >= a.num_experts;
 
   // Carried from row to row and advanced by the constant stride: no row * E or row * k products in
   // the loop. lane_logits points at the lane's first expert of the row (its vector c is c * L * V
   // further on).
-  const std::int64_t first = warp * kRowsPerWarp + lane / L;  // the lane's first row
-  const T* lane_logits = logits + first * a.num_experts + lane_first;
-  std::int64_t out = first * a.k + seg_lane;  // the lane's first output element of the row
+  const Index first = warp * kRowsPerWarp + lane / L;  // the lane's first row
+  const T* lane_logits = logits + static_cast<std::int64_t>(first) * a.num_experts + lane_first;
+  Index out = first * static_cast<Index>(a.k) + seg_lane;  // the lane's first output element of the row
 
   float x[N] = {};  // the row this iteration works on, loaded one iteration ahead (software pipeline)
-  load_row_if<T, L, N, V>(lane_logits, first < a.num_tokens, a.num_experts, seg_lane, x);
+  load_row_if<T, L, N, V>(lane_logits, first < tokens, a.num_experts, seg_lane, x);
   // The loop bound is the same for the whole warp, so every lane reaches every shuffle.
-  for (std::int64_t first_row = warp * kRowsPerWarp; first_row < a.num_tokens; first_row += stride.rows) {
+  for (Index first_row = warp * kRowsPerWarp; first_row < tokens; first_row += stride_rows) {
     // The warp is converged here (the bound is warp-uniform); saying so lets ptxas drop its
     // "is the warp diverged?" check (BRA.DIV, two instructions) before every redux.sync and vote.
     __syncwarp();
-    const std::int64_t row = first_row + lane / L;
-    const bool active = row < a.num_tokens;  // false only in a partial last warp at L < 32
+    const Index row = first_row + lane / L;
+    const bool active = row < tokens;  // false only in a partial last warp at L < 32
     unsigned packed[N];
     bool odd = lane_has_padding;
     if constexpr (kLean) {
@@ -662,9 +669,9 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     if (__any_sync(kFullMask, odd)) fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, seg_lane, packed);
-    load_row_if<T, L, N, V>(lane_logits + stride.logits, row + stride.rows < a.num_tokens, a.num_experts, seg_lane, x);
+    load_row_if<T, L, N, V>(lane_logits + stride.logits, row + stride_rows < tokens, a.num_experts, seg_lane, x);
     if constexpr (kPrefetchL2) {
-      if (row + 2 * stride.rows < a.num_tokens) {
+      if (row + 2 * stride_rows < tokens) {
         prefetch_row_l2<T, L, N, V>(lane_logits + 2 * stride.logits, a.num_experts, seg_lane);
       }
     }
@@ -731,7 +738,7 @@ __global__ void __launch_bounds__(kThreads)
       atomicAdd(histogram + id[s], 1);  // flushed only when counts are wanted
     }
     lane_logits += stride.logits;
-    out += stride.outputs;
+    out += static_cast<Index>(stride.outputs);
   }
   flush_histogram(histogram, a.num_experts, a.counts);
 }
@@ -1060,6 +1067,12 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
 }
 
 void gating_after_lean(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
+  // Its rows and output elements are 32-bit: T · E and T · k (plus one grid's stride of rows, a few
+  // thousand) must stay far below 2^31.
+  if (params.num_tokens > (std::int64_t{1} << 30) / std::max(params.num_experts, 1)) {
+    throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
+                          std::to_string(params.num_experts) + ") must be at most 2^30 for the 32-bit lean kernel");
+  }
   gating_after_impl<float, SoftmaxKernel::version5>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
