@@ -649,17 +649,17 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kLean) {
 #pragma unroll
       for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, seg_lane);
-      // A pairwise sum (N - 1 adds on the FMA pipe, then one compare): NaN iff some value is NaN,
-      // or +Inf and -Inf (or overflows of both signs) meet, which only costs the slow path.
-      float sum[N];
+      // A sum of the values (N - 1 adds on the FMA pipe, in two chains, then one compare): NaN iff
+      // some value is NaN, or +Inf and -Inf (or overflows of both signs) meet, which only costs the
+      // slow path.
+      float even = x[0], odd_sum = x[1];
 #pragma unroll
-      for (int j = 0; j < N; ++j) sum[j] = x[j];
-#pragma unroll
-      for (int width = N / 2; width > 0; width /= 2) {
-#pragma unroll
-        for (int j = 0; j < width; ++j) sum[j] += sum[j + width];
+      for (int j = 2; j < N; j += 2) {
+        even += x[j];
+        odd_sum += x[j + 1];
       }
-      odd = odd || sum[0] != sum[0];
+      const float sum = even + odd_sum;
+      odd = odd || sum != sum;
     } else {
 #pragma unroll
       for (int j = 0; j < N; j += 2) {
