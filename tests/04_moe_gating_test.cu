@@ -282,7 +282,7 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
 }
 
 // tune_prefetch_l2, tune_lean: the benchmark's tuning candidates (fp32 logits, counts fused).
-enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_lean, tune_lean_top3 };
+enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_lean };
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
@@ -290,7 +290,6 @@ const char* path_name(Path p) {
     case Path::after_separate: return "after_counts_separate";
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
     case Path::tune_lean: return "tune_lean";
-    case Path::tune_lean_top3: return "tune_lean_top3";
   }
   return "unknown";
 }
@@ -300,12 +299,12 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
-  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_lean || path == Path::tune_lean_top3) {
+  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_lean) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
       } else {
-        kc::ch04::tune::gating_after_lean(p, logits, out, stream, path == Path::tune_lean_top3);
+        kc::ch04::tune::gating_after_lean(p, logits, out, stream);
       }
     } else {
       FAIL() << "the tuning candidates take fp32 logits only";
@@ -356,7 +355,7 @@ const int kKs[] = {1, 2, 6, 8, 32};
 
 TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::before, Path::tune_lean, Path::tune_lean_top3}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::before, Path::tune_lean}) {
     for (int e : kExperts) {
       for (int k : kKs) {
         if (k > e) continue;
@@ -418,14 +417,13 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         kc::fill_uniform(std::span<float>(logits), seed + e * 7 + k);
         check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_lean, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_lean_top3, softmax_params(t, e, k, true), logits);
       }
     }
   }
 }
 
 TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
-  for (Path path : {Path::after_fused, Path::before, Path::tune_lean, Path::tune_lean_top3}) {
+  for (Path path : {Path::after_fused, Path::before, Path::tune_lean}) {
     for (int e : {8, 60, 256, 512}) {
       // Few distinct values: every row is full of exact ties, across lanes and within a lane.
       std::vector<float> logits(static_cast<std::size_t>(64) * e);
@@ -449,7 +447,7 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
     for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
     r[6 * e + 0] = inf, r[6 * e + 1] = -inf;             // row 6: +Inf beside -Inf (one lane's sum is NaN)
     // Only the fused paths: the before path ranks probabilities, where NaN and -Inf both become 0.
-    for (Path path : {Path::after_fused, Path::tune_lean, Path::tune_lean_top3}) {
+    for (Path path : {Path::after_fused, Path::tune_lean}) {
       check_case(path, softmax_params(7, e, std::min(e, 6), false), logits);
       check_case(path, softmax_params(7, e, std::min(e, 6), true), logits);
     }

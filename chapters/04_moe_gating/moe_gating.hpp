@@ -169,9 +169,8 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
 /// @param logits [T, E] fp32 logits
 /// @param out outputs
 /// @param stream the stream to enqueue on
-/// @param top3 keep three candidate keys per lane instead of two (rescans become rare)
 void gating_after_lean(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                       cudaStream_t stream = nullptr, bool top3 = false);
+                       cudaStream_t stream = nullptr);
 }  // namespace tune
 
 /// The fp64 CPU reference's result.

@@ -427,30 +427,6 @@ __device__ __forceinline__ void top2_packed(const unsigned (&u)[N], unsigned& hi
   }
 }
 
-// The largest three of u[kFirst, kFirst + kCount), by the same tournament: a merge of two sorted
-// triples is 7 unsigned min/max (the third is the best of: the loser of the leaders against the
-// better runner-up, the worse runner-up, and the better third).
-template <int kFirst, int kCount, int N>
-__device__ __forceinline__ void top3_packed(const unsigned (&u)[N], unsigned& hi, unsigned& mid, unsigned& lo) {
-  if constexpr (kCount == 1) {
-    hi = u[kFirst];
-    mid = kTakenKey;
-    lo = kTakenKey;
-  } else if constexpr (kCount == 2) {
-    hi = max(u[kFirst], u[kFirst + 1]);
-    mid = min(u[kFirst], u[kFirst + 1]);
-    lo = kTakenKey;
-  } else {
-    unsigned a1, a2, a3, b1, b2, b3;
-    top3_packed<kFirst, kCount / 2>(u, a1, a2, a3);
-    top3_packed<kFirst + kCount / 2, kCount - kCount / 2>(u, b1, b2, b3);
-    const unsigned lost = min(a1, b1), runner_up = max(a2, b2);
-    hi = max(a1, b1);
-    mid = max(lost, runner_up);
-    lo = max(max(min(lost, runner_up), min(a2, b2)), max(a3, b3));
-  }
-}
-
 // The segment's largest packed key, known to all its lanes.
 template <int L>
 __device__ __forceinline__ unsigned segment_max(unsigned key) {
@@ -470,20 +446,13 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
 // stores its winner to the warp's row of `winners` in shared memory (one store, on the memory pipe)
 // instead of each lane testing "is this my slot?" (a compare and a select on the ALU pipe, which
 // bounds the kernel); after the rounds each lane reads its slot and the next one.
-template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false, bool kTop3 = false>
+template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false>
 __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N], int seg_lane, int k,
                                                     unsigned (&slot)[kSlots], unsigned* winners = nullptr) {
   static_assert(!kWinnersInShared || L == 32, "winners in shared memory: one row per warp (L = 32)");
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
-  // Each lane's best untaken keys: two, or three (kTop3, a tuning candidate), where a lane must
-  // then win three times, not twice, before the warp rescans (about 0.07 rescans a row instead of
-  // about 1 at E = 256, k = 8), for a larger tournament and one more select a round.
-  unsigned c1, c2, c3 = kTakenKey;
-  if constexpr (kTop3) {
-    top3_packed<0, N>(packed, c1, c2, c3);
-  } else {
-    top2_packed<0, N>(packed, c1, c2);
-  }
+  unsigned c1, c2;
+  top2_packed<0, N>(packed, c1, c2);
   unsigned best;
   unsigned previous = 0;  // prefix 0: never equal to a winner's, which is a number or NaN
   bool shared_prefix = false;
@@ -506,19 +475,14 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
       }
     }
     const bool won = c1 == best;
-    const bool dry = won && c1 == c2;         // won, and no second candidate known
-    c1 = won ? c2 : c1;                       // after a win c1 == c2: "no second" until a rescan
-    if constexpr (kTop3) c2 = won ? c3 : c2;  // ... and c2 == c3: "no third"
+    const bool dry = won && c1 == c2;  // won, and no second candidate known
+    c1 = won ? c2 : c1;                // after a win c1 == c2: "no second" until a rescan
     if (__any_sync(kFullMask, dry)) {
-      // The lane's best keys below the last winner: the winners so far are exactly the keys >= best.
+      // The lane's best two below the last winner: the winners so far are exactly the keys >= best.
       unsigned below[N];
 #pragma unroll
       for (int j = 0; j < N; ++j) below[j] = packed[j] < best ? packed[j] : kTakenKey;
-      if constexpr (kTop3) {
-        top3_packed<0, N>(below, c1, c2, c3);
-      } else {
-        top2_packed<0, N>(below, c1, c2);
-      }
+      top2_packed<0, N>(below, c1, c2);
     }
   }
   if constexpr (kWinnersInShared) {
@@ -638,7 +602,7 @@ struct GridStride {
 // fewer ALU instructions a row, the pipe that bounds the kernel: the rounds' winners go through
 // shared memory (L = 32), and the NaN test of the keys adds the values on the FMA pipe (a NaN or
 // an Inf - Inf makes the sum NaN; the second only sends the warp down the exact slow path).
-template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false, bool kTop3 = false>
+template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   constexpr bool kWinnersInShared = kLean && L == 32;
@@ -716,8 +680,8 @@ __global__ void __launch_bounds__(kThreads)
     bool shared_prefix = false;
     if constexpr (kWinnersInShared) {
       __shared__ unsigned winners[kWarpsPerBlock][33];  // k <= 32 winners and the (k+1)-th
-      shared_prefix = select_top_k_packed<L, N, kIdBits, kSlots, true, kTop3>(packed, seg_lane, a.k, slot,
-                                                                              winners[threadIdx.x / 32]);
+      shared_prefix =
+          select_top_k_packed<L, N, kIdBits, kSlots, true>(packed, seg_lane, a.k, slot, winners[threadIdx.x / 32]);
     } else {
       shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
     }
@@ -986,7 +950,6 @@ enum class SoftmaxKernel {
   version3,           // the previous kernel (full 32-bit keys)
   version4_prefetch,  // Version 4 with the row after next prefetched to L2
   version5,           // Version 4 with fewer ALU instructions a row (kLean)
-  version5_top3,      // version5 with three cached keys a lane (kTop3: rare rescans)
 };
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
@@ -997,9 +960,8 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) 
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
     kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
   } else {
-    const auto kernel = fused_softmax_topk < T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch,
-               kKernel == SoftmaxKernel::version5 || kKernel == SoftmaxKernel::version5_top3,
-               kKernel == SoftmaxKernel::version5_top3 > ;
+    const auto kernel =
+        fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kKernel == SoftmaxKernel::version5>;
     const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache));
     const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
     kernel<<<blocks, kThreads, 0, stream>>>(logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
@@ -1104,20 +1066,14 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
                                                              CountMode::fused_atomics);
 }
 
-void gating_after_lean(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream,
-                       bool top3) {
+void gating_after_lean(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
   // Its rows and output elements are 32-bit: T · E and T · k (plus one grid's stride of rows, a few
   // thousand) must stay far below 2^31.
   if (params.num_tokens > (std::int64_t{1} << 30) / std::max(params.num_experts, 1)) {
     throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
                           std::to_string(params.num_experts) + ") must be at most 2^30 for the 32-bit lean kernel");
   }
-  if (top3) {
-    gating_after_impl<float, SoftmaxKernel::version5_top3>(params, logits, nullptr, out, stream,
-                                                           CountMode::fused_atomics);
-  } else {
-    gating_after_impl<float, SoftmaxKernel::version5>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
-  }
+  gating_after_impl<float, SoftmaxKernel::version5>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
 }  // namespace tune
