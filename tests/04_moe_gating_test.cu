@@ -135,12 +135,17 @@ TEST(MoeGatingArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
   EXPECT_NO_THROW(kc::ch04::gating_after(softmax_params(0, 8, 2), static_cast<const float*>(nullptr), nullptr, {}))
       << "T = 0 must launch nothing";
   EXPECT_EQ(kc::ch04::gating_before_workspace_bytes(softmax_params(0, 8, 2)), 0u);
-  // The lean tuning candidate counts rows in 32 bits: T · E at most 2^30.
-  expect_invalid_argument(
-      [&] {
-        kc::ch04::tune::gating_after_lean(softmax_params((std::int64_t{1} << 22) + 1, 256, 8), &x, {&x, &i});
-      },
-      "params.num_tokens * params.num_experts (4194305 * 256) must be at most 2^30 for the 32-bit lean kernel");
+}
+
+// `after` runs Version 5, which counts rows in 32 bits, up to 2^30 logits, and Version 4 beyond.
+TEST(MoeGatingArguments, Version5RunsUpTo2To30Logits) {
+  EXPECT_TRUE(kc::ch04::gating_rows_fit_int32(softmax_params(0, 8, 2)));
+  EXPECT_TRUE(kc::ch04::gating_rows_fit_int32(softmax_params(65536, 256, 8)));
+  EXPECT_TRUE(kc::ch04::gating_rows_fit_int32(softmax_params(std::int64_t{1} << 22, 256, 8)));  // exactly 2^30
+  EXPECT_FALSE(kc::ch04::gating_rows_fit_int32(softmax_params((std::int64_t{1} << 22) + 1, 256, 8)));
+  EXPECT_TRUE(kc::ch04::gating_rows_fit_int32(softmax_params((std::int64_t{1} << 30) / 384, 384, 8)));
+  EXPECT_FALSE(kc::ch04::gating_rows_fit_int32(softmax_params((std::int64_t{1} << 30) / 384 + 1, 384, 8)));
+  EXPECT_FALSE(kc::ch04::gating_rows_fit_int32(softmax_params(std::int64_t{1} << 40, 8, 2)));
 }
 
 // ---------------------------------------------------------------- CPU: the reference itself
@@ -281,15 +286,16 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
   return d;
 }
 
-// tune_prefetch_l2, tune_lean: the benchmark's tuning candidates (fp32 logits, counts fused).
-enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_lean };
+// tune_prefetch_l2, tune_v4: the benchmark's tuning kernels (fp32 logits, counts fused); tune_v4 is
+// also what `after` runs past 2^30 logits, too large to test here.
+enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_v4 };
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
     case Path::after_fused: return "after_counts_fused";
     case Path::after_separate: return "after_counts_separate";
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
-    case Path::tune_lean: return "tune_lean";
+    case Path::tune_v4: return "tune_v4";
   }
   return "unknown";
 }
@@ -299,12 +305,12 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
-  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_lean) {
+  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
       } else {
-        kc::ch04::tune::gating_after_lean(p, logits, out, stream);
+        kc::ch04::tune::gating_after_v4(p, logits, out, stream);
       }
     } else {
       FAIL() << "the tuning candidates take fp32 logits only";
@@ -355,7 +361,7 @@ const int kKs[] = {1, 2, 6, 8, 32};
 
 TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::before, Path::tune_lean}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::before, Path::tune_v4}) {
     for (int e : kExperts) {
       for (int k : kKs) {
         if (k > e) continue;
@@ -400,9 +406,10 @@ TEST_F(MoeGatingGpu, AfterIsExactOnUnstructuredFp32) {
   }
 }
 
-// The tuning candidates (the L2 prefetch; the lean rounds) must be `after` with fewer or more
-// instructions: exact ids, on every layout (E from 8 to 512), k up to 32 (the lean rounds keep
-// k + 1 winners in shared memory), and on grids with a partial last round of rows.
+// `after` (Version 5) and the tuning kernels (Version 4, the one `after` falls back to past 2^30
+// logits; Version 4 with the L2 prefetch) must agree with the reference exactly: on every layout
+// (E from 8 to 512), k up to 32 (Version 5 keeps k + 1 winners in shared memory), and on grids with
+// a partial last round of rows.
 TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
   const std::uint64_t seed = kc::test::test_seed();
   for (int e : {8, 64, 128, 256, 384, 512}) {
@@ -415,15 +422,16 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         if (t == 70001 && e != 64 && e != 256 && e != 512) continue;
         std::vector<float> logits(static_cast<std::size_t>(t * e));
         kc::fill_uniform(std::span<float>(logits), seed + e * 7 + k);
+        check_case(Path::after_fused, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_lean, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v4, softmax_params(t, e, k, true), logits);
       }
     }
   }
 }
 
 TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
-  for (Path path : {Path::after_fused, Path::before, Path::tune_lean}) {
+  for (Path path : {Path::after_fused, Path::before, Path::tune_v4}) {
     for (int e : {8, 60, 256, 512}) {
       // Few distinct values: every row is full of exact ties, across lanes and within a lane.
       std::vector<float> logits(static_cast<std::size_t>(64) * e);
@@ -447,7 +455,7 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
     for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
     r[6 * e + 0] = inf, r[6 * e + 1] = -inf;             // row 6: +Inf beside -Inf (one lane's sum is NaN)
     // Only the fused paths: the before path ranks probabilities, where NaN and -Inf both become 0.
-    for (Path path : {Path::after_fused, Path::tune_lean}) {
+    for (Path path : {Path::after_fused, Path::tune_v4}) {
       check_case(path, softmax_params(7, e, std::min(e, 6), false), logits);
       check_case(path, softmax_params(7, e, std::min(e, 6), true), logits);
     }

@@ -161,17 +161,24 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
                               cudaStream_t stream = nullptr);
 
 /// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run through
-/// `after`'s kernel with fewer ALU instructions a row (a candidate: docs/notes/ch04.md, Session 12:
-/// the rounds' winners through shared memory, the NaN test on the FMA pipe, 32-bit row counters).
-/// Its outputs equal gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument
-/// for deepseek_v3, bad @p params, or num_tokens · num_experts above 2^30.
+/// Version 4 of the fused softmax kernel (64-bit row counters, each lane testing for its winners'
+/// slots, the NaN test by compares), which Version 5 replaced (docs/notes/ch04.md, Session 13).
+/// `after` itself runs it only where Version 5 cannot (gating_rows_fit_int32() false). Its outputs
+/// equal gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument for
+/// deepseek_v3 or bad @p params.
 /// @param params shape and options
 /// @param logits [T, E] fp32 logits
 /// @param out outputs
 /// @param stream the stream to enqueue on
-void gating_after_lean(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                       cudaStream_t stream = nullptr);
+void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                     cudaStream_t stream = nullptr);
 }  // namespace tune
+
+/// True when Version 5 of the fused softmax kernel can run @p params: it counts rows and output
+/// elements in 32-bit integers, so num_tokens · num_experts must be at most 2^30 (T · k is then
+/// smaller too, since k <= E). gating_after() runs Version 4, which counts in 64 bits, otherwise.
+/// @param params shape and options (already valid)
+bool gating_rows_fit_int32(const GatingParams& params);
 
 /// The fp64 CPU reference's result.
 struct GatingReference {

@@ -442,7 +442,7 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
 // The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
 // untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
 // r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
-// kWinnersInShared (L = 32 only, a tuning candidate: docs/notes/ch04.md, Session 12): every round
+// kWinnersInShared (L = 32 only; Version 5: docs/notes/ch04.md, Sessions 12-13): every round
 // stores its winner to the warp's row of `winners` in shared memory (one store, on the memory pipe)
 // instead of each lane testing "is this my slot?" (a compare and a select on the ALU pipe, which
 // bounds the kernel); after the rounds each lane reads its slot and the next one.
@@ -598,10 +598,12 @@ struct GridStride {
 // kPrefetchL2: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v4_prefetch; docs/notes/ch04.md,
 // Session 8). Each iteration also asks L2 for the row after next, so a warp has two rows on their way
 // from DRAM instead of one; `after` runs without it until it is measured.
-// kLean: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v5; docs/notes/ch04.md, Session 12) with
-// fewer ALU instructions a row, the pipe that bounds the kernel: the rounds' winners go through
-// shared memory (L = 32), and the NaN test of the keys adds the values on the FMA pipe (a NaN or
-// an Inf - Inf makes the sum NaN; the second only sends the warp down the exact slow path).
+// kLean: Version 5, `after`'s kernel (Version 4 is kLean = false, kept for launches past 2^30
+// logits and for the tuning row ch04/tune_fused_v4). Fewer ALU instructions a row, the pipe that
+// bounds the kernel (docs/notes/ch04.md, Sessions 11-13): the rounds' winners go through shared
+// memory (L = 32), the NaN test of the keys adds the values on the FMA pipe (a NaN or an Inf - Inf
+// makes the sum NaN; the second only sends the warp down the exact slow path), and rows and output
+// elements are counted in 32 bits (gating_rows_fit_int32()).
 template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
@@ -619,8 +621,9 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int seg_lane = lane % L;
   const int lane_first = expert_of<L, V>(0, seg_lane);  // the lane's first expert
-  // Rows and output elements: 64-bit, or 32-bit in the lean candidate (its launch checks that
-  // T · E stays below 2^30), which halves the ALU instructions of the row bookkeeping.
+  // Rows and output elements: 32-bit in Version 5 (launched only when T · E <= 2^30, so T · k and a
+  // row plus one grid's stride stay far below 2^31), which halves the ALU instructions of the row
+  // bookkeeping; 64-bit in Version 4.
   using Index = std::conditional_t<kLean, int, std::int64_t>;
   const Index tokens = static_cast<Index>(a.num_tokens);
   const Index stride_rows = static_cast<Index>(stride.rows);
@@ -943,13 +946,14 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices]) {
   return blocks;
 }
 
-// Which fused softmax kernel a launch runs: `after`'s (Version 4), or one the benchmark's tuning cases
-// measure beside it.
+// Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
+// 5's 32-bit counters do not reach), or one the benchmark's tuning cases measure beside it.
 enum class SoftmaxKernel {
-  version4,           // the packed-key kernel: `after`
-  version3,           // the previous kernel (full 32-bit keys)
+  after,              // Version 5 when gating_rows_fit_int32(), Version 4 otherwise
+  version5,           // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
+  version4,           // the packed-key kernel before it (64-bit rows)
+  version3,           // the kernel before that (full 32-bit keys)
   version4_prefetch,  // Version 4 with the row after next prefetched to L2
-  version5,           // Version 4 with fewer ALU instructions a row (kLean)
 };
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
@@ -998,7 +1002,7 @@ void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, cudaStream_t stre
   }
 }
 
-template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::version4>
+template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
   validate_gating(p, logits, bias, out);
@@ -1015,7 +1019,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   // 16-byte vectors when every row starts 16-byte aligned; otherwise one element per load.
   constexpr int kVector = 16 / sizeof(T);
   const bool vector = p.num_experts % kVector == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
-  if (kKernel != SoftmaxKernel::version4 && p.scoring == Scoring::deepseek_v3) {
+  if (kKernel != SoftmaxKernel::after && p.scoring == Scoring::deepseek_v3) {
     throw InvalidArgument("scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
   }
   if (p.scoring == Scoring::deepseek_v3) {
@@ -1030,8 +1034,20 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
                         p.num_experts,
                         p.k,
                         p.scoring == Scoring::softmax_then_topk && !p.renormalize};
-    vector ? dispatch_softmax<T, kVector, kKernel>(logits, a, stream)
-           : dispatch_softmax<T, 1, kKernel>(logits, a, stream);
+    const auto run = [&](auto kernel_constant) {
+      constexpr SoftmaxKernel kRun = decltype(kernel_constant)::value;
+      vector ? dispatch_softmax<T, kVector, kRun>(logits, a, stream) : dispatch_softmax<T, 1, kRun>(logits, a, stream);
+    };
+    if constexpr (kKernel == SoftmaxKernel::after) {
+      // Version 5 counts rows in 32 bits; beyond 2^30 logits (4 Mi tokens at E = 256) Version 4 runs.
+      if (gating_rows_fit_int32(p)) {
+        run(std::integral_constant<SoftmaxKernel, SoftmaxKernel::version5>{});
+      } else {
+        run(std::integral_constant<SoftmaxKernel, SoftmaxKernel::version4>{});
+      }
+    } else {
+      run(std::integral_constant<SoftmaxKernel, kKernel>{});
+    }
   }
   check_launch();
   if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
@@ -1066,14 +1082,8 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
                                                              CountMode::fused_atomics);
 }
 
-void gating_after_lean(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
-  // Its rows and output elements are 32-bit: T · E and T · k (plus one grid's stride of rows, a few
-  // thousand) must stay far below 2^31.
-  if (params.num_tokens > (std::int64_t{1} << 30) / std::max(params.num_experts, 1)) {
-    throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
-                          std::to_string(params.num_experts) + ") must be at most 2^30 for the 32-bit lean kernel");
-  }
-  gating_after_impl<float, SoftmaxKernel::version5>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
+  gating_after_impl<float, SoftmaxKernel::version4>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
 }  // namespace tune

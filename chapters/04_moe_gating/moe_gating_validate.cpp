@@ -66,4 +66,8 @@ void validate_gating(const GatingParams& params, const void* logits, const float
 // Exposed to the reference (same translation unit family, declared where used).
 void validate_gating_params(const GatingParams& params) { validate_params(params); }
 
+bool gating_rows_fit_int32(const GatingParams& params) {
+  return params.num_experts > 0 && params.num_tokens <= (std::int64_t{1} << 30) / params.num_experts;
+}
+
 }  // namespace kc::ch04
