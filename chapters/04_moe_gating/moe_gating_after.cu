@@ -487,8 +487,12 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
   }
   if constexpr (kWinnersInShared) {
     // winners[0 .. k] hold the k winners and the (k+1)-th. Every lane stored every one of them
-    // itself (the same values), so it reads its own stores: no barrier. Lanes from k on read
-    // entries that this row did not write and use neither.
+    // (the same values), so each lane could read its own stores; but the other lanes wrote the same
+    // addresses, and without an ordering between their stores and these loads that is a data race
+    // in the memory model (compute-sanitizer's racecheck reports it). One __syncwarp orders them; the
+    // one at the top of the row loop orders these loads before the next row's stores. Lanes from k
+    // on read entries that this row did not write and use neither.
+    __syncwarp();
     const unsigned mine = winners[seg_lane];
     const unsigned next = winners[seg_lane + 1];
     slot[0] = seg_lane < k ? mine : 0u;
