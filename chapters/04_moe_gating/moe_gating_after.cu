@@ -439,6 +439,20 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
   }
 }
 
+// Relaxed (atomic, .cta scope) 32-bit store and load in shared memory: plain STS / LDS in the
+// SASS, but not a data race when several threads store to the same address, as the winners' row
+// below is written (every lane stores the same value).
+__device__ __forceinline__ void store_relaxed(unsigned* p, unsigned value) {
+  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("st.relaxed.cta.shared.u32 [%0], %1;" ::"r"(address), "r"(value));
+}
+__device__ __forceinline__ unsigned load_relaxed(const unsigned* p) {
+  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+  unsigned value;
+  asm volatile("ld.relaxed.cta.shared.u32 %0, [%1];" : "=r"(value) : "r"(address));
+  return value;
+}
+
 // The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
 // untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
 // r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
@@ -446,7 +460,9 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
 // stores its winner to the warp's row of `winners` in shared memory (one store, on the memory pipe)
 // instead of each lane testing "is this my slot?" (a compare and a select on the ALU pipe, which
 // bounds the kernel); after the rounds each lane reads its slot and the next one.
-template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false>
+// kSyncwarpReadback (a tuning variant, ch04/tune_fused_v5_syncwarp): plain stores and loads with a
+// __syncwarp between them instead of relaxed atomics, the race-free form measured in Session 13.
+template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false, bool kSyncwarpReadback = false>
 __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N], int seg_lane, int k,
                                                     unsigned (&slot)[kSlots], unsigned* winners = nullptr) {
   static_assert(!kWinnersInShared || L == 32, "winners in shared memory: one row per warp (L = 32)");
@@ -463,7 +479,13 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
     // instructions instead of 13).
     if constexpr (!kWinnersInShared) asm volatile("" : "+r"(r));
     best = segment_max<L>(c1);
-    if constexpr (kWinnersInShared) winners[r] = best;  // every lane stores the same value: one write
+    if constexpr (kWinnersInShared) {  // every lane, the same value
+      if constexpr (kSyncwarpReadback) {
+        winners[r] = best;
+      } else {
+        store_relaxed(winners + r, best);
+      }
+    }
     // L = 32 checks once after the rounds (below): 3 instructions a round saved.
     if constexpr (L < 32) shared_prefix = shared_prefix || (best ^ previous) <= kIdMask;
     if (r == k) break;  // round k only finds the (k+1)-th
@@ -486,15 +508,23 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
     }
   }
   if constexpr (kWinnersInShared) {
-    // winners[0 .. k] hold the k winners and the (k+1)-th. Every lane stored every one of them
-    // (the same values), so each lane could read its own stores; but the other lanes wrote the same
-    // addresses, and without an ordering between their stores and these loads that is a data race
-    // in the memory model (compute-sanitizer's racecheck reports it). One __syncwarp orders them; the
-    // one at the top of the row loop orders these loads before the next row's stores. Lanes from k
-    // on read entries that this row did not write and use neither.
-    __syncwarp();
-    const unsigned mine = winners[seg_lane];
-    const unsigned next = winners[seg_lane + 1];
+    // winners[0 .. k] hold the k winners and the (k+1)-th. Every lane stored every one of them,
+    // the same values, so each lane reads back its own store or another lane's store of the same
+    // value: no barrier. The stores and loads are relaxed atomics, because plain ones from several
+    // lanes to one address are a data race in the memory model even with equal values
+    // (compute-sanitizer's racecheck reported it; a __syncwarp here fixed it but cost Version 5's
+    // gain, docs/notes/ch04.md, Session 13). The __syncwarp at the top of the row loop orders these
+    // loads before the next row's stores. Lanes from k on read entries that this row did not write
+    // and use neither.
+    unsigned mine, next;
+    if constexpr (kSyncwarpReadback) {
+      __syncwarp();
+      mine = winners[seg_lane];
+      next = winners[seg_lane + 1];
+    } else {
+      mine = load_relaxed(winners + seg_lane);
+      next = load_relaxed(winners + seg_lane + 1);
+    }
     slot[0] = seg_lane < k ? mine : 0u;
     shared_prefix = seg_lane < k && (mine ^ next) <= kIdMask;
   } else if constexpr (L == 32) {
@@ -608,7 +638,7 @@ struct GridStride {
 // memory (L = 32), the NaN test of the keys adds the values on the FMA pipe (a NaN or an Inf - Inf
 // makes the sum NaN; the second only sends the warp down the exact slow path), and rows and output
 // elements are counted in 32 bits (gating_rows_fit_int32()).
-template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false>
+template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false, bool kSyncwarpReadback = false>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   constexpr bool kWinnersInShared = kLean && L == 32;
@@ -687,8 +717,8 @@ __global__ void __launch_bounds__(kThreads)
     bool shared_prefix = false;
     if constexpr (kWinnersInShared) {
       __shared__ unsigned winners[kWarpsPerBlock][33];  // k <= 32 winners and the (k+1)-th
-      shared_prefix =
-          select_top_k_packed<L, N, kIdBits, kSlots, true>(packed, seg_lane, a.k, slot, winners[threadIdx.x / 32]);
+      shared_prefix = select_top_k_packed<L, N, kIdBits, kSlots, true, kSyncwarpReadback>(packed, seg_lane, a.k, slot,
+                                                                                          winners[threadIdx.x / 32]);
     } else {
       shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
     }
@@ -955,6 +985,7 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices]) {
 enum class SoftmaxKernel {
   after,              // Version 5 when gating_rows_fit_int32(), Version 4 otherwise
   version5,           // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
+  version5_syncwarp,  // version5 with a __syncwarp before the winners are read back (tuning)
   version4,           // the packed-key kernel before it (64-bit rows)
   version3,           // the kernel before that (full 32-bit keys)
   version4_prefetch,  // Version 4 with the row after next prefetched to L2
@@ -968,8 +999,9 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) 
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
     kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
   } else {
-    const auto kernel =
-        fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kKernel == SoftmaxKernel::version5>;
+    const auto kernel = fused_softmax_topk < T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch,
+               kKernel == SoftmaxKernel::version5 || kKernel == SoftmaxKernel::version5_syncwarp,
+               kKernel == SoftmaxKernel::version5_syncwarp > ;
     const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache));
     const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
     kernel<<<blocks, kThreads, 0, stream>>>(logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
@@ -1088,6 +1120,16 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
 
 void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
   gating_after_impl<float, SoftmaxKernel::version4>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+}
+
+void gating_after_v5_syncwarp(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                              cudaStream_t stream) {
+  if (!gating_rows_fit_int32(params)) {
+    throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
+                          std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
+  }
+  gating_after_impl<float, SoftmaxKernel::version5_syncwarp>(params, logits, nullptr, out, stream,
+                                                             CountMode::fused_atomics);
 }
 
 }  // namespace tune
