@@ -439,33 +439,21 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
   }
 }
 
-// Relaxed (atomic, .cta scope) 32-bit store and load in shared memory: plain STS / LDS in the
-// SASS, but not a data race when several threads store to the same address, as the winners' row
-// below is written (every lane stores the same value).
-__device__ __forceinline__ void store_relaxed(unsigned* p, unsigned value) {
-  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("st.relaxed.cta.shared.u32 [%0], %1;" ::"r"(address), "r"(value));
-}
-__device__ __forceinline__ unsigned load_relaxed(const unsigned* p) {
-  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-  unsigned value;
-  asm volatile("ld.relaxed.cta.shared.u32 %0, [%1];" : "=r"(value) : "r"(address));
-  return value;
-}
-
 // The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
 // untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
 // r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
-// kWinnersInShared (L = 32 only; Version 5: docs/notes/ch04.md, Sessions 12-13): every round
-// stores its winner to the warp's row of `winners` in shared memory (one store, on the memory pipe)
-// instead of each lane testing "is this my slot?" (a compare and a select on the ALU pipe, which
-// bounds the kernel); after the rounds each lane reads its slot and the next one.
-// kSyncwarpReadback (a tuning variant, ch04/tune_fused_v5_syncwarp): plain stores and loads with a
-// __syncwarp between them instead of relaxed atomics, the race-free form measured in Session 13.
-template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false, bool kSyncwarpReadback = false>
+// kWinnersInShared (L = 32 only; Version 5: docs/notes/ch04.md, Sessions 12-14): every round
+// stores its winner to shared memory (one store, on the memory pipe) instead of each lane testing
+// "is this my slot?" (a compare and a select on the ALU pipe, which bounds the kernel); after the
+// rounds each lane reads its slot and the next one. Each lane stores into its own column
+// (`column[r * 32]`, round r; the warp's 32 columns side by side, so a round's 32 stores hit 32
+// banks) and reads back only its own stores: no lane reads what another wrote, so there is nothing
+// to order and no barrier. A single row that every lane stores (the same value) and reads needs
+// one: a __syncwarp (it cost the gain) or relaxed atomics (compute-sanitizer still reports them).
+template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false>
 __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N], int seg_lane, int k,
-                                                    unsigned (&slot)[kSlots], unsigned* winners = nullptr) {
-  static_assert(!kWinnersInShared || L == 32, "winners in shared memory: one row per warp (L = 32)");
+                                                    unsigned (&slot)[kSlots], unsigned* column = nullptr) {
+  static_assert(!kWinnersInShared || L == 32, "winners in shared memory: one column per lane (L = 32)");
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
   unsigned c1, c2;
   top2_packed<0, N>(packed, c1, c2);
@@ -479,13 +467,7 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
     // instructions instead of 13).
     if constexpr (!kWinnersInShared) asm volatile("" : "+r"(r));
     best = segment_max<L>(c1);
-    if constexpr (kWinnersInShared) {  // every lane, the same value
-      if constexpr (kSyncwarpReadback) {
-        winners[r] = best;
-      } else {
-        store_relaxed(winners + r, best);
-      }
-    }
+    if constexpr (kWinnersInShared) column[r * 32] = best;  // the lane's own column: rows 0 .. k
     // L = 32 checks once after the rounds (below): 3 instructions a round saved.
     if constexpr (L < 32) shared_prefix = shared_prefix || (best ^ previous) <= kIdMask;
     if (r == k) break;  // round k only finds the (k+1)-th
@@ -508,25 +490,16 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
     }
   }
   if constexpr (kWinnersInShared) {
-    // winners[0 .. k] hold the k winners and the (k+1)-th. Every lane stored every one of them,
-    // the same values, so each lane reads back its own store or another lane's store of the same
-    // value: no barrier. The stores and loads are relaxed atomics, because plain ones from several
-    // lanes to one address are a data race in the memory model even with equal values
-    // (compute-sanitizer's racecheck reported it; a __syncwarp here fixed it but cost Version 5's
-    // gain, docs/notes/ch04.md, Session 13). The __syncwarp at the top of the row loop orders these
-    // loads before the next row's stores. Lanes from k on read entries that this row did not write
-    // and use neither.
-    unsigned mine, next;
-    if constexpr (kSyncwarpReadback) {
-      __syncwarp();
-      mine = winners[seg_lane];
-      next = winners[seg_lane + 1];
-    } else {
-      mine = load_relaxed(winners + seg_lane);
-      next = load_relaxed(winners + seg_lane + 1);
+    // Rows 0 .. k of the column hold the k winners and the (k+1)-th, stored by this lane. Lane r < k
+    // reads its winner (row r) and the next one (row r + 1, the (k+1)-th for lane k - 1); lanes from
+    // k on store no output and read nothing (rows past k are not this warp's).
+    slot[0] = 0u;
+    if (seg_lane < k) {
+      const unsigned mine = column[seg_lane * 32];
+      const unsigned next = column[(seg_lane + 1) * 32];
+      slot[0] = mine;
+      shared_prefix = (mine ^ next) <= kIdMask;
     }
-    slot[0] = seg_lane < k ? mine : 0u;
-    shared_prefix = seg_lane < k && (mine ^ next) <= kIdMask;
   } else if constexpr (L == 32) {
     // Lane r holds winner r (kSlots == 1): compare it with lane r + 1's, lane k - 1 with the
     // (k+1)-th, which is the last `best`.
@@ -634,11 +607,11 @@ struct GridStride {
 // from DRAM instead of one; `after` runs without it until it is measured.
 // kLean: Version 5, `after`'s kernel (Version 4 is kLean = false, kept for launches past 2^30
 // logits and for the tuning row ch04/tune_fused_v4). Fewer ALU instructions a row, the pipe that
-// bounds the kernel (docs/notes/ch04.md, Sessions 11-13): the rounds' winners go through shared
-// memory (L = 32), the NaN test of the keys adds the values on the FMA pipe (a NaN or an Inf - Inf
-// makes the sum NaN; the second only sends the warp down the exact slow path), and rows and output
-// elements are counted in 32 bits (gating_rows_fit_int32()).
-template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false, bool kSyncwarpReadback = false>
+// bounds the kernel (docs/notes/ch04.md, Sessions 11-14): the rounds' winners go through shared
+// memory (L = 32: the dynamic shared memory holds k + 1 rows of 32 words a warp, winners_table_bytes()), the NaN test
+// of the keys adds the values on the FMA pipe (a NaN or an Inf - Inf makes the sum NaN; the second only sends the warp
+// down the exact slow path), and rows and output elements are counted in 32 bits (gating_rows_fit_int32()).
+template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   constexpr bool kWinnersInShared = kLean && L == 32;
@@ -671,6 +644,14 @@ __global__ void __launch_bounds__(kThreads)
   const Index first = warp * kRowsPerWarp + lane / L;  // the lane's first row
   const T* lane_logits = logits + static_cast<std::int64_t>(first) * a.num_experts + lane_first;
   Index out = first * static_cast<Index>(a.k) + seg_lane;  // the lane's first output element of the row
+
+  // Version 5's winners: the warp's k + 1 rows of 32 words in the dynamic shared memory, this lane's
+  // column of them (select_top_k_packed).
+  unsigned* column = nullptr;
+  if constexpr (kWinnersInShared) {
+    extern __shared__ unsigned winners_table[];
+    column = winners_table + static_cast<int>(threadIdx.x / 32) * (a.k + 1) * 32 + lane;
+  }
 
   float x[N] = {};  // the row this iteration works on, loaded one iteration ahead (software pipeline)
   load_row_if<T, L, N, V>(lane_logits, first < tokens, a.num_experts, seg_lane, x);
@@ -716,9 +697,7 @@ __global__ void __launch_bounds__(kThreads)
     unsigned slot[kSlots] = {};  // lanes past k keep 0 and store nothing
     bool shared_prefix = false;
     if constexpr (kWinnersInShared) {
-      __shared__ unsigned winners[kWarpsPerBlock][33];  // k <= 32 winners and the (k+1)-th
-      shared_prefix = select_top_k_packed<L, N, kIdBits, kSlots, true, kSyncwarpReadback>(packed, seg_lane, a.k, slot,
-                                                                                          winners[threadIdx.x / 32]);
+      shared_prefix = select_top_k_packed<L, N, kIdBits, kSlots, true>(packed, seg_lane, a.k, slot, column);
     } else {
       shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
     }
@@ -953,6 +932,12 @@ __global__ void __launch_bounds__(kThreads)
   flush_histogram(histogram, num_experts, counts);
 }
 
+// Bytes of Version 5's winners table for top-k: each warp of a block keeps k + 1 rows of 32 words
+// (one column a lane) in the dynamic shared memory; 33.8 KB at k = 32, 9.2 KB at k = 8.
+constexpr std::size_t winners_table_bytes(int k) {
+  return static_cast<std::size_t>(kWarpsPerBlock) * static_cast<std::size_t>(k + 1) * 32 * sizeof(unsigned);
+}
+
 // One wave: at most as many blocks as fit on the GPU at once (a grid-stride loop does the rest).
 // A grid of 8 blocks per SM for a kernel of which only 6 fit ran as 1.33 waves, its last third on a
 // quarter of the machine.
@@ -965,17 +950,17 @@ unsigned grid_for(std::int64_t rows, int rows_per_block, int per_sm) {
   return static_cast<unsigned>(wanted < resident ? wanted : resident);
 }
 
-// Blocks of `kernel` that fit on one SM, asked once per device and kept in the caller's `cache`
-// (one per kernel instance): the launch path stays a few cheap host calls.
+// Blocks of `kernel` that fit on one SM with `dynamic_shared_bytes` each, asked once per device and
+// kept in the caller's `cache` (one per kernel instance): the launch path stays a few cheap host calls.
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices]) {
+int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std::size_t dynamic_shared_bytes = 0) {
   int device = 0;
   check(cudaGetDevice(&device));
   if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) {
     return cache[device].load(std::memory_order_relaxed);
   }
   int blocks = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0));
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, dynamic_shared_bytes));
   if (device < kCachedDevices) cache[device].store(blocks, std::memory_order_relaxed);
   return blocks;
 }
@@ -985,7 +970,6 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices]) {
 enum class SoftmaxKernel {
   after,              // Version 5 when gating_rows_fit_int32(), Version 4 otherwise
   version5,           // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
-  version5_syncwarp,  // version5 with a __syncwarp before the winners are read back (tuning)
   version4,           // the packed-key kernel before it (64-bit rows)
   version3,           // the kernel before that (full 32-bit keys)
   version4_prefetch,  // Version 4 with the row after next prefetched to L2
@@ -999,12 +983,16 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) 
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
     kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
   } else {
-    const auto kernel = fused_softmax_topk < T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch,
-               kKernel == SoftmaxKernel::version5 || kKernel == SoftmaxKernel::version5_syncwarp,
-               kKernel == SoftmaxKernel::version5_syncwarp > ;
-    const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache));
+    constexpr bool kLean = kKernel == SoftmaxKernel::version5;
+    const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kLean>;
+    // Version 5 at L = 32 keeps k + 1 winners a lane in shared memory. The grid is sized for k = 32,
+    // the most any launch needs, so the occupancy asked once per device holds for every k.
+    constexpr bool kWinnersInShared = kLean && L == 32;
+    const std::size_t winners_bytes = kWinnersInShared ? winners_table_bytes(a.k) : 0;
+    const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock,
+                                     blocks_per_sm(kernel, cache, kWinnersInShared ? winners_table_bytes(32) : 0));
     const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
-    kernel<<<blocks, kThreads, 0, stream>>>(logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
+    kernel<<<blocks, kThreads, winners_bytes, stream>>>(logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
   }
 }
 
@@ -1120,16 +1108,6 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
 
 void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
   gating_after_impl<float, SoftmaxKernel::version4>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
-}
-
-void gating_after_v5_syncwarp(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream) {
-  if (!gating_rows_fit_int32(params)) {
-    throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
-                          std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
-  }
-  gating_after_impl<float, SoftmaxKernel::version5_syncwarp>(params, logits, nullptr, out, stream,
-                                                             CountMode::fused_atomics);
 }
 
 }  // namespace tune
