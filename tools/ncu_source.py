@@ -83,7 +83,7 @@ def summarize(header: list[str], rows: list[list[str]], split_after: str = r"\bH
     if last is None:
         raise ValueError(f"no instruction matches {split_after!r}")
     warps = int(number(rows[0][e])) if rows else 0
-    regions = [Region("through the last " + split_after.strip("\\b")), Region("after it")]
+    regions = [Region("through the last " + split_after.replace("\\b", "")), Region("after it")]
     for i, row in enumerate(rows):
         region = regions[0] if i <= last else regions[1]
         executed = int(number(row[e]))

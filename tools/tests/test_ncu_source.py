@@ -57,6 +57,7 @@ class SummaryTest(unittest.TestCase):
     def test_other_marker_and_no_match(self):
         _, (head, tail) = ns.summarize(self.header, self.rows, r"\bBRA\b")
         self.assertEqual((head.instructions, tail.instructions), (3, 4))
+        self.assertEqual(head.name, "through the last BRA")
         with self.assertRaisesRegex(ValueError, "no instruction matches"):
             ns.summarize(self.header, self.rows, r"\bHGMMA\b")
 
