@@ -10,9 +10,10 @@
 #     GTEST_FILTER  the candidates' GPU tests, e.g. '*Tuning*'
 #     BENCH_FILTER  a --benchmark_filter over the KC_TUNE rows ('' runs them all)
 #
-# Output: $OUT/details/CHAPTER_tune_COMMIT.json and the test log beside it. The build directory is
-# gpu_suite.sh's, configured the same way, so a suite run on the same machine afterwards rebuilds
-# little.
+# Output: $OUT/details/CHAPTER_tune_COMMIT.json and one log beside it (configure, build and the
+# tests, in that order): two files a chapter, since the device returns only about eight files a
+# call. The build directory is gpu_suite.sh's, configured the same way, so a suite run on the same
+# machine afterwards rebuilds little.
 set -uo pipefail
 if [ $# -lt 4 ]; then
   echo "usage: $0 CHAPTER COMMIT GTEST_FILTER BENCH_FILTER [REPETITIONS]" >&2
@@ -27,20 +28,22 @@ build=$root/build/gpu-suite
 start=$(date +%s)
 say() { echo "=== [$(($(date +%s) - start))s] $*"; }
 
+log=$out/${chapter}_tune_${commit:0:7}.log
 say "configure and build $chapter"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DKC_COMMIT="$commit" -DKC_WARNINGS_AS_ERRORS=ON -DKC_BUILD_DOCS=OFF -DCMAKE_CUDA_FLAGS="-Xptxas=-v" \
-  >"$out/${chapter}_configure.log" 2>&1 || { tail -30 "$out/${chapter}_configure.log"; exit 1; }
-cmake --build "$build" --target "$chapter" -j "$(nproc)" >"$out/${chapter}_build.log" 2>&1 ||
-  { grep -E "error" "$out/${chapter}_build.log" | head -40; exit 1; }
+  >"$log" 2>&1 || { tail -30 "$log"; exit 1; }
+cmake --build "$build" --target "$chapter" -j "$(nproc)" >>"$log" 2>&1 ||
+  { grep -E "error" "$log" | head -40; exit 1; }
 test_program=$(ls "$build"/bin/"${chapter}"_*_test)
 bench_program=$(ls "$build"/bin/"${chapter}"_*_bench)
 
 say "GPU tests: $gtest_filter"
-timeout 240 "$test_program" --gtest_filter="$gtest_filter" --gtest_brief=1 >"$out/${chapter}_tune_tests.log" 2>&1
+echo "##### GPU tests: $gtest_filter" >>"$log"
+timeout 240 "$test_program" --gtest_filter="$gtest_filter" --gtest_brief=1 >>"$log" 2>&1
 test_rc=$?
 echo "tests rc=$test_rc"
-grep -E "PASSED|FAILED|Failure|tests ran|SKIPPED" "$out/${chapter}_tune_tests.log" | head -20
+sed -n '/##### GPU tests/,$p' "$log" | grep -E "PASSED|FAILED|Failure|tests ran|SKIPPED" | head -20
 
 if [ $test_rc -ne 0 ]; then
   echo "the candidates' tests failed: no benchmark"
