@@ -6,6 +6,9 @@
 // Variants: before (three kernels + workspace), after (one kernel, token counts fused into it),
 // after_counts_separate (the same kernel, counts in a second tiny kernel), limit (cudaMemcpyAsync
 // of logits + outputs bytes). pytorch comes from tools/pytorch_baselines.py.
+// Also the cost of the warp primitives the kernels are built from (warp_primitives.hpp): variants
+// latency and throughput of cases primitive_shfl_xor, primitive_redux_max, primitive_vote_any and
+// primitive_ffma, with counters cycles_per_op and warp_ops_per_sm_clock (no bytes).
 //
 // Bytes: every variant counts the case's fewest bytes: logits read once, weights + ids + counts
 // written once (4 T E + 8 T k + 4 E for fp32); limit copies half that many bytes, so the bytes it
@@ -28,6 +31,7 @@
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
 #include "moe_gating.hpp"
+#include "warp_primitives.hpp"
 
 namespace {
 
@@ -112,6 +116,56 @@ void register_case(const kc::DeviceInfo& device, const std::string& label, const
   }
 }
 
+// What a cross-lane instruction costs (warp_primitives.hpp): each primitive's latency (one warp, one
+// dependent chain: counter cycles_per_op) and throughput (every SM full, independent chains:
+// counter warp_ops_per_sm_clock), both in SM cycles from the kernel's own clock. The time column is
+// the microbenchmark's own run time and has no bytes.
+void bench_primitive(benchmark::State& state, const kc::DeviceInfo& device,
+                     const kc::ch04::WarpPrimitiveConfig& config) {
+  const auto blocks = static_cast<std::size_t>(kc::ch04::warp_primitive_blocks(config, device.sm_count));
+  kc::DeviceBuffer<kc::ch04::PrimitiveSample> samples(blocks);
+  cudaStream_t stream;
+  kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kc::ch04::warp_primitive(config, device.sm_count, samples.data(), stream);  // warm-up
+  kc::check(cudaStreamSynchronize(stream));
+  kc::bench::time_batches(state, stream, 1,
+                          [&](int) { kc::ch04::warp_primitive(config, device.sm_count, samples.data(), stream); });
+  kc::check(cudaStreamSynchronize(stream));
+  // The counters come from the last timed launch's samples (read after the timing).
+  const std::vector<kc::ch04::PrimitiveSample> host = samples.to_host();
+  const unsigned expected = kc::ch04::expected_primitive_checksum(config);
+  for (const kc::ch04::PrimitiveSample& s : host) {
+    if (s.checksum != expected) {
+      state.SkipWithError("a block's checksum differs from the host's: the chains did not compute what they should");
+      break;
+    }
+  }
+  if (config.mode == kc::ch04::PrimitiveMode::latency) {
+    state.counters["cycles_per_op"] = kc::ch04::primitive_cycles_per_op(config, host);
+  } else {
+    state.counters["warp_ops_per_sm_clock"] = kc::ch04::primitive_ops_per_sm_clock(config, device.sm_count, host);
+  }
+  kc::check(cudaStreamDestroy(stream));
+}
+
+void register_primitives(const kc::DeviceInfo& device) {
+  using kc::ch04::WarpPrimitive;
+  for (WarpPrimitive primitive :
+       {WarpPrimitive::shfl_xor, WarpPrimitive::redux_max, WarpPrimitive::vote_any, WarpPrimitive::ffma}) {
+    const std::string label = std::string("primitive_") + kc::ch04::to_string(primitive);
+    labels.push_back(label);
+    for (kc::ch04::PrimitiveMode mode : {kc::ch04::PrimitiveMode::latency, kc::ch04::PrimitiveMode::throughput}) {
+      kc::ch04::WarpPrimitiveConfig config;
+      config.primitive = primitive;
+      config.mode = mode;
+      const std::string name =
+          std::string("ch04/") + (mode == kc::ch04::PrimitiveMode::latency ? "latency" : "throughput") + "/" + label;
+      kc::bench::configure(benchmark::RegisterBenchmark(
+          name.c_str(), [&device, config](benchmark::State& s) { bench_primitive(s, device, config); }));
+    }
+  }
+}
+
 // The tuning cases: the previous fused kernel against the current one and the copy, same inputs.
 void register_tuning(const kc::DeviceInfo& device) {
   for (std::int64_t t : {std::int64_t{65536}, std::int64_t{4096}}) {
@@ -168,6 +222,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     // "fp32_dsv3_T1" would be a prefix of "fp32_dsv3_T16": T = 1 is written T01 (it still sorts as 1).
     register_case(device, std::string("fp32_dsv3_T") + (t == 1 ? "01" : std::to_string(t)), d);
   }
+  register_primitives(device);
   kc::bench::check_case_labels(labels);  // DESIGN.md: no label is a prefix of another
 }
 
