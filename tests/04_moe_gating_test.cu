@@ -290,7 +290,7 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
 
 // tune_prefetch_l2, tune_v4: the benchmark's tuning kernels (fp32 logits, counts fused); tune_v4 is
 // also what `after` runs past 2^30 logits, too large to test here.
-enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_v4 };
+enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_v4, tune_v5_shuffle_max };
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
@@ -298,6 +298,7 @@ const char* path_name(Path p) {
     case Path::after_separate: return "after_counts_separate";
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
     case Path::tune_v4: return "tune_v4";
+    case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
   }
   return "unknown";
 }
@@ -307,12 +308,14 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
-  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4) {
+  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
-      } else {
+      } else if (path == Path::tune_v4) {
         kc::ch04::tune::gating_after_v4(p, logits, out, stream);
+      } else {
+        kc::ch04::tune::gating_after_v5_shuffle_max(p, logits, out, stream);
       }
     } else {
       FAIL() << "the tuning candidates take fp32 logits only";
@@ -427,6 +430,7 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::after_fused, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v4, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
       }
     }
   }

@@ -427,10 +427,12 @@ __device__ __forceinline__ void top2_packed(const unsigned (&u)[N], unsigned& hi
   }
 }
 
-// The segment's largest packed key, known to all its lanes.
-template <int L>
+// The segment's largest packed key, known to all its lanes. kShuffleMax (a tuning candidate,
+// ch04/tune_fused_v5_shuffle_max) takes the butterfly at L = 32 too: five SHFL.BFLY and five
+// VIMNMX instead of one REDUX, to see whether the REDUX unit is what the rounds wait for.
+template <int L, bool kShuffleMax = false>
 __device__ __forceinline__ unsigned segment_max(unsigned key) {
-  if constexpr (L == 32) {
+  if constexpr (L == 32 && !kShuffleMax) {
     return __reduce_max_sync(kFullMask, key);
   } else {
 #pragma unroll
@@ -450,7 +452,7 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
 // banks) and reads back only its own stores: no lane reads what another wrote, so there is nothing
 // to order and no barrier. A single row that every lane stores (the same value) and reads needs
 // one: a __syncwarp (it cost the gain) or relaxed atomics (compute-sanitizer still reports them).
-template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false>
+template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false, bool kShuffleMax = false>
 __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N], int seg_lane, int k,
                                                     unsigned (&slot)[kSlots], unsigned* column = nullptr) {
   static_assert(!kWinnersInShared || L == 32, "winners in shared memory: one column per lane (L = 32)");
@@ -466,7 +468,7 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
     // for the slot test below, so one counter serves the loop and the slot (a round is 12 SASS
     // instructions instead of 13).
     if constexpr (!kWinnersInShared) asm volatile("" : "+r"(r));
-    best = segment_max<L>(c1);
+    best = segment_max<L, kShuffleMax>(c1);
     if constexpr (kWinnersInShared) column[r * 32] = best;  // the lane's own column: rows 0 .. k
     // L = 32 checks once after the rounds (below): 3 instructions a round saved.
     if constexpr (L < 32) shared_prefix = shared_prefix || (best ^ previous) <= kIdMask;
@@ -611,7 +613,8 @@ struct GridStride {
 // memory (L = 32: the dynamic shared memory holds k + 1 rows of 32 words a warp, winners_table_bytes()), the NaN test
 // of the keys adds the values on the FMA pipe (a NaN or an Inf - Inf makes the sum NaN; the second only sends the warp
 // down the exact slow path), and rows and output elements are counted in 32 bits (gating_rows_fit_int32()).
-template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false>
+// kShuffleMax: segment_max's butterfly instead of redux.sync at L = 32 (a tuning candidate).
+template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false, bool kShuffleMax = false>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   constexpr bool kWinnersInShared = kLean && L == 32;
@@ -697,7 +700,8 @@ __global__ void __launch_bounds__(kThreads)
     unsigned slot[kSlots] = {};  // lanes past k keep 0 and store nothing
     bool shared_prefix = false;
     if constexpr (kWinnersInShared) {
-      shared_prefix = select_top_k_packed<L, N, kIdBits, kSlots, true>(packed, seg_lane, a.k, slot, column);
+      shared_prefix =
+          select_top_k_packed<L, N, kIdBits, kSlots, true, kShuffleMax>(packed, seg_lane, a.k, slot, column);
     } else {
       shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
     }
@@ -968,11 +972,12 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std:
 // Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
 // 5's 32-bit counters do not reach), or one the benchmark's tuning cases measure beside it.
 enum class SoftmaxKernel {
-  after,              // Version 5 when gating_rows_fit_int32(), Version 4 otherwise
-  version5,           // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
-  version4,           // the packed-key kernel before it (64-bit rows)
-  version3,           // the kernel before that (full 32-bit keys)
-  version4_prefetch,  // Version 4 with the row after next prefetched to L2
+  after,                 // Version 5 when gating_rows_fit_int32(), Version 4 otherwise
+  version5,              // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
+  version4,              // the packed-key kernel before it (64-bit rows)
+  version3,              // the kernel before that (full 32-bit keys)
+  version4_prefetch,     // Version 4 with the row after next prefetched to L2
+  version5_shuffle_max,  // Version 5 with the rounds' max by shuffles instead of redux.sync
 };
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
@@ -983,8 +988,9 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) 
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
     kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
   } else {
-    constexpr bool kLean = kKernel == SoftmaxKernel::version5;
-    const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kLean>;
+    constexpr bool kShuffleMax = kKernel == SoftmaxKernel::version5_shuffle_max;
+    constexpr bool kLean = kKernel == SoftmaxKernel::version5 || kShuffleMax;
+    const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kLean, kShuffleMax>;
     // Version 5 at L = 32 keeps k + 1 winners a lane in shared memory. The grid is sized for k = 32,
     // the most any launch needs, so the occupancy asked once per device holds for every k.
     constexpr bool kWinnersInShared = kLean && L == 32;
@@ -1108,6 +1114,17 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
 
 void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
   gating_after_impl<float, SoftmaxKernel::version4>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+}
+
+void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                                 cudaStream_t stream) {
+  validate_gating(params, logits, nullptr, out);
+  if (!gating_rows_fit_int32(params)) {
+    throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
+                          std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
+  }
+  gating_after_impl<float, SoftmaxKernel::version5_shuffle_max>(params, logits, nullptr, out, stream,
+                                                                CountMode::fused_atomics);
 }
 
 }  // namespace tune
