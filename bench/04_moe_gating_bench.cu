@@ -20,7 +20,8 @@
 // ch04/tune_fused_v4 (the packed-key kernel, Version 4), ch04/tune_fused_v4_prefetch (the same with
 // the row after next prefetched to L2), ch04/tune_fused_v5 (Version 5, fewer ALU instructions a row:
 // `after`), ch04/tune_fused_v5_shuffle_max (Version 5 with the rounds' max by shuffles, not
-// redux.sync) and ch04/tune_limit, at
+// redux.sync), ch04/tune_fused_v5_top3 (Version 5 with three cached keys a lane) and
+// ch04/tune_limit, at
 // T = 65536 and 4096, E = 256, k = 8, so one run compares them.
 #include <cstdint>
 #include <cstdlib>
@@ -51,7 +52,8 @@ enum class Variant {
   fused_v3,
   fused_v4,
   fused_v4_prefetch,
-  fused_v5_shuffle_max
+  fused_v5_shuffle_max,
+  fused_v5_top3
 };
 
 void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v) {
@@ -97,6 +99,7 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::fused_v5_shuffle_max:
         kc::ch04::tune::gating_after_v5_shuffle_max(p, set_logits, out, stream);
         break;
+      case Variant::fused_v5_top3: kc::ch04::tune::gating_after_v5_top3(p, set_logits, out, stream); break;
       case Variant::limit: {
         // A copy of n bytes reads n and writes n: n = min_bytes / 2 moves exactly min_bytes.
         const auto n = static_cast<std::size_t>(bytes / 2);
@@ -197,6 +200,7 @@ void register_tuning(const kc::DeviceInfo& device) {
                     {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch},
                     {"tune_fused_v5", Variant::after_fused},
                     {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max},
+                    {"tune_fused_v5_top3", Variant::fused_v5_top3},
                     {"tune_limit", Variant::limit}};
     for (const auto& v : variants) {
       const std::string name = "ch04/" + std::string(v.name) + "/" + label;

@@ -290,7 +290,7 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
 
 // tune_prefetch_l2, tune_v4: the benchmark's tuning kernels (fp32 logits, counts fused); tune_v4 is
 // also what `after` runs past 2^30 logits, too large to test here.
-enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_v4, tune_v5_shuffle_max };
+enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_v4, tune_v5_shuffle_max, tune_v5_top3 };
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
@@ -299,6 +299,7 @@ const char* path_name(Path p) {
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
     case Path::tune_v4: return "tune_v4";
     case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
+    case Path::tune_v5_top3: return "tune_v5_top3";
   }
   return "unknown";
 }
@@ -308,14 +309,17 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
-  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max) {
+  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
+             path == Path::tune_v5_top3) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
       } else if (path == Path::tune_v4) {
         kc::ch04::tune::gating_after_v4(p, logits, out, stream);
-      } else {
+      } else if (path == Path::tune_v5_shuffle_max) {
         kc::ch04::tune::gating_after_v5_shuffle_max(p, logits, out, stream);
+      } else {
+        kc::ch04::tune::gating_after_v5_top3(p, logits, out, stream);
       }
     } else {
       FAIL() << "the tuning candidates take fp32 logits only";
@@ -431,13 +435,14 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v4, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v5_top3, softmax_params(t, e, k, true), logits);
       }
     }
   }
 }
 
 TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
-  for (Path path : {Path::after_fused, Path::before, Path::tune_v4}) {
+  for (Path path : {Path::after_fused, Path::before, Path::tune_v4, Path::tune_v5_shuffle_max, Path::tune_v5_top3}) {
     for (int e : {8, 60, 256, 512}) {
       // Few distinct values: every row is full of exact ties, across lanes and within a lane.
       std::vector<float> logits(static_cast<std::size_t>(64) * e);
@@ -461,7 +466,7 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
     for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
     r[6 * e + 0] = inf, r[6 * e + 1] = -inf;             // row 6: +Inf beside -Inf (one lane's sum is NaN)
     // Only the fused paths: the before path ranks probabilities, where NaN and -Inf both become 0.
-    for (Path path : {Path::after_fused, Path::tune_v4}) {
+    for (Path path : {Path::after_fused, Path::tune_v4, Path::tune_v5_shuffle_max, Path::tune_v5_top3}) {
       check_case(path, softmax_params(7, e, std::min(e, 6), false), logits);
       check_case(path, softmax_params(7, e, std::min(e, 6), true), logits);
     }
