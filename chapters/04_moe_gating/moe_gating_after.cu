@@ -1158,26 +1158,26 @@ void gating_after_v4(const GatingParams& params, const float* logits, const Gati
   gating_after_impl<float, SoftmaxKernel::version4>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
-void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                                 cudaStream_t stream) {
+// A Version 5 tuning kernel: Version 5's own rule (at most 2^30 logits) after the common checks.
+template <SoftmaxKernel kKernel>
+void gating_after_version5_tuning(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                                  cudaStream_t stream) {
   validate_gating(params, logits, nullptr, out);
   if (!gating_rows_fit_int32(params)) {
     throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
                           std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
   }
-  gating_after_impl<float, SoftmaxKernel::version5_shuffle_max>(params, logits, nullptr, out, stream,
-                                                                CountMode::fused_atomics);
+  gating_after_impl<float, kKernel>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+}
+
+void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                                 cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version5_shuffle_max>(params, logits, out, stream);
 }
 
 void gating_after_v5_top3(const GatingParams& params, const float* logits, const GatingOutputs& out,
                           cudaStream_t stream) {
-  validate_gating(params, logits, nullptr, out);
-  if (!gating_rows_fit_int32(params)) {
-    throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
-                          std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
-  }
-  gating_after_impl<float, SoftmaxKernel::version5_top3>(params, logits, nullptr, out, stream,
-                                                         CountMode::fused_atomics);
+  gating_after_version5_tuning<SoftmaxKernel::version5_top3>(params, logits, out, stream);
 }
 
 }  // namespace tune
