@@ -35,7 +35,6 @@
 // exp once, and one segment sum (5 shuffles at L = 32) gives the renormalising denominator. The full
 // softmax denominator (softmax_then_topk without renormalisation) needs exp over all E values
 // instead; topk_then_softmax is the renormalised case.
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
