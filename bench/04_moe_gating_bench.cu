@@ -6,6 +6,9 @@
 // Variants: before (three kernels + workspace), after (one kernel, token counts fused into it),
 // after_counts_separate (the same kernel, counts in a second tiny kernel), limit (cudaMemcpyAsync
 // of logits + outputs bytes). pytorch comes from tools/pytorch_baselines.py.
+// Also the cost of the warp primitives the kernels are built from (warp_primitives.hpp): variants
+// latency and throughput of cases primitive_shfl_xor, primitive_redux_max, primitive_vote_any and
+// primitive_ffma, with counters cycles_per_op and warp_ops_per_sm_clock (no bytes).
 //
 // Bytes: every variant counts the case's fewest bytes: logits read once, weights + ids + counts
 // written once (4 T E + 8 T k + 4 E for fp32); limit copies half that many bytes, so the bytes it
@@ -16,7 +19,9 @@
 // ch04/tune_fused_v3 (Version 3 of the fused softmax kernel, which the packed-key kernel replaced),
 // ch04/tune_fused_v4 (the packed-key kernel, Version 4), ch04/tune_fused_v4_prefetch (the same with
 // the row after next prefetched to L2), ch04/tune_fused_v5 (Version 5, fewer ALU instructions a row:
-// `after`) and ch04/tune_limit, at
+// `after`), ch04/tune_fused_v5_shuffle_max (Version 5 with the rounds' max by shuffles, not
+// redux.sync), ch04/tune_fused_v5_top3 (Version 5 with three cached keys a lane) and
+// ch04/tune_limit, at
 // T = 65536 and 4096, E = 256, k = 8, so one run compares them.
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +33,7 @@
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
 #include "moe_gating.hpp"
+#include "warp_primitives.hpp"
 
 namespace {
 
@@ -38,7 +44,17 @@ double min_bytes(const kc::ch04::GatingParams& p) {
   return 4.0 * t * p.num_experts + 8.0 * t * p.k + 4.0 * p.num_experts;
 }
 
-enum class Variant { before, after_fused, after_separate, limit, fused_v3, fused_v4, fused_v4_prefetch };
+enum class Variant {
+  before,
+  after_fused,
+  after_separate,
+  limit,
+  fused_v3,
+  fused_v4,
+  fused_v4_prefetch,
+  fused_v5_shuffle_max,
+  fused_v5_top3
+};
 
 void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v) {
   const auto t = static_cast<std::size_t>(p.num_tokens);
@@ -80,6 +96,10 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::fused_v3: kc::ch04::tune::gating_after_v3(p, set_logits, out, stream); break;
       case Variant::fused_v4_prefetch: kc::ch04::tune::gating_after_prefetch_l2(p, set_logits, out, stream); break;
       case Variant::fused_v4: kc::ch04::tune::gating_after_v4(p, set_logits, out, stream); break;
+      case Variant::fused_v5_shuffle_max:
+        kc::ch04::tune::gating_after_v5_shuffle_max(p, set_logits, out, stream);
+        break;
+      case Variant::fused_v5_top3: kc::ch04::tune::gating_after_v5_top3(p, set_logits, out, stream); break;
       case Variant::limit: {
         // A copy of n bytes reads n and writes n: n = min_bytes / 2 moves exactly min_bytes.
         const auto n = static_cast<std::size_t>(bytes / 2);
@@ -112,6 +132,56 @@ void register_case(const kc::DeviceInfo& device, const std::string& label, const
   }
 }
 
+// What a cross-lane instruction costs (warp_primitives.hpp): each primitive's latency (one warp, one
+// dependent chain: counter cycles_per_op) and throughput (every SM full, independent chains:
+// counter warp_ops_per_sm_clock), both in SM cycles from the kernel's own clock. The time column is
+// the microbenchmark's own run time and has no bytes.
+void bench_primitive(benchmark::State& state, const kc::DeviceInfo& device,
+                     const kc::ch04::WarpPrimitiveConfig& config) {
+  const auto blocks = static_cast<std::size_t>(kc::ch04::warp_primitive_blocks(config, device.sm_count));
+  kc::DeviceBuffer<kc::ch04::PrimitiveSample> samples(blocks);
+  cudaStream_t stream;
+  kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kc::ch04::warp_primitive(config, device.sm_count, samples.data(), stream);  // warm-up
+  kc::check(cudaStreamSynchronize(stream));
+  kc::bench::time_batches(state, stream, 1,
+                          [&](int) { kc::ch04::warp_primitive(config, device.sm_count, samples.data(), stream); });
+  kc::check(cudaStreamSynchronize(stream));
+  // The counters come from the last timed launch's samples (read after the timing).
+  const std::vector<kc::ch04::PrimitiveSample> host = samples.to_host();
+  const unsigned expected = kc::ch04::expected_primitive_checksum(config);
+  for (const kc::ch04::PrimitiveSample& s : host) {
+    if (s.checksum != expected) {
+      state.SkipWithError("a block's checksum differs from the host's: the chains did not compute what they should");
+      break;
+    }
+  }
+  if (config.mode == kc::ch04::PrimitiveMode::latency) {
+    state.counters["cycles_per_op"] = kc::ch04::primitive_cycles_per_op(config, host);
+  } else {
+    state.counters["warp_ops_per_sm_clock"] = kc::ch04::primitive_ops_per_sm_clock(config, device.sm_count, host);
+  }
+  kc::check(cudaStreamDestroy(stream));
+}
+
+void register_primitives(const kc::DeviceInfo& device) {
+  using kc::ch04::WarpPrimitive;
+  for (WarpPrimitive primitive :
+       {WarpPrimitive::shfl_xor, WarpPrimitive::redux_max, WarpPrimitive::vote_any, WarpPrimitive::ffma}) {
+    const std::string label = std::string("primitive_") + kc::ch04::to_string(primitive);
+    labels.push_back(label);
+    for (kc::ch04::PrimitiveMode mode : {kc::ch04::PrimitiveMode::latency, kc::ch04::PrimitiveMode::throughput}) {
+      kc::ch04::WarpPrimitiveConfig config;
+      config.primitive = primitive;
+      config.mode = mode;
+      const std::string name =
+          std::string("ch04/") + (mode == kc::ch04::PrimitiveMode::latency ? "latency" : "throughput") + "/" + label;
+      kc::bench::configure(benchmark::RegisterBenchmark(
+          name.c_str(), [&device, config](benchmark::State& s) { bench_primitive(s, device, config); }));
+    }
+  }
+}
+
 // The tuning cases: the previous fused kernel against the current one and the copy, same inputs.
 void register_tuning(const kc::DeviceInfo& device) {
   for (std::int64_t t : {std::int64_t{65536}, std::int64_t{4096}}) {
@@ -129,6 +199,8 @@ void register_tuning(const kc::DeviceInfo& device) {
                     {"tune_fused_v4", Variant::fused_v4},
                     {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch},
                     {"tune_fused_v5", Variant::after_fused},
+                    {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max},
+                    {"tune_fused_v5_top3", Variant::fused_v5_top3},
                     {"tune_limit", Variant::limit}};
     for (const auto& v : variants) {
       const std::string name = "ch04/" + std::string(v.name) + "/" + label;
@@ -168,6 +240,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     // "fp32_dsv3_T1" would be a prefix of "fp32_dsv3_T16": T = 1 is written T01 (it still sorts as 1).
     register_case(device, std::string("fp32_dsv3_T") + (t == 1 ? "01" : std::to_string(t)), d);
   }
+  register_primitives(device);
   kc::bench::check_case_labels(labels);  // DESIGN.md: no label is a prefix of another
 }
 

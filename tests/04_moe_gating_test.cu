@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -31,6 +32,7 @@
 #include "kc/random.hpp"
 #include "kc/test_support.hpp"
 #include "moe_gating.hpp"
+#include "warp_primitives.hpp"
 
 namespace {
 
@@ -288,7 +290,7 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
 
 // tune_prefetch_l2, tune_v4: the benchmark's tuning kernels (fp32 logits, counts fused); tune_v4 is
 // also what `after` runs past 2^30 logits, too large to test here.
-enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_v4 };
+enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_v4, tune_v5_shuffle_max, tune_v5_top3 };
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
@@ -296,6 +298,8 @@ const char* path_name(Path p) {
     case Path::after_separate: return "after_counts_separate";
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
     case Path::tune_v4: return "tune_v4";
+    case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
+    case Path::tune_v5_top3: return "tune_v5_top3";
   }
   return "unknown";
 }
@@ -305,12 +309,17 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
-  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4) {
+  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
+             path == Path::tune_v5_top3) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
-      } else {
+      } else if (path == Path::tune_v4) {
         kc::ch04::tune::gating_after_v4(p, logits, out, stream);
+      } else if (path == Path::tune_v5_shuffle_max) {
+        kc::ch04::tune::gating_after_v5_shuffle_max(p, logits, out, stream);
+      } else {
+        kc::ch04::tune::gating_after_v5_top3(p, logits, out, stream);
       }
     } else {
       FAIL() << "the tuning candidates take fp32 logits only";
@@ -425,13 +434,15 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::after_fused, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v4, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v5_top3, softmax_params(t, e, k, true), logits);
       }
     }
   }
 }
 
 TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
-  for (Path path : {Path::after_fused, Path::before, Path::tune_v4}) {
+  for (Path path : {Path::after_fused, Path::before, Path::tune_v4, Path::tune_v5_shuffle_max, Path::tune_v5_top3}) {
     for (int e : {8, 60, 256, 512}) {
       // Few distinct values: every row is full of exact ties, across lanes and within a lane.
       std::vector<float> logits(static_cast<std::size_t>(64) * e);
@@ -455,7 +466,7 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
     for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
     r[6 * e + 0] = inf, r[6 * e + 1] = -inf;             // row 6: +Inf beside -Inf (one lane's sum is NaN)
     // Only the fused paths: the before path ranks probabilities, where NaN and -Inf both become 0.
-    for (Path path : {Path::after_fused, Path::tune_v4}) {
+    for (Path path : {Path::after_fused, Path::tune_v4, Path::tune_v5_shuffle_max, Path::tune_v5_top3}) {
       check_case(path, softmax_params(7, e, std::min(e, 6), false), logits);
       check_case(path, softmax_params(7, e, std::min(e, 6), true), logits);
     }
@@ -544,6 +555,146 @@ TEST_F(MoeGatingGpu, BadArgumentsWriteNothing) {
   EXPECT_EQ(kc::count_poisoned(std::span<const float>(weights.to_host()), kc::test::kPoisonByte), 128u);
   EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(ids.to_host()), kc::test::kPoisonByte), 128u);
   EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(counts.to_host()), kc::test::kPoisonByte), 8u);
+}
+
+// ---------------------------------------------------------------- the warp primitives' cost
+
+using kc::ch04::PrimitiveMode;
+using kc::ch04::PrimitiveSample;
+using kc::ch04::WarpPrimitive;
+using kc::ch04::WarpPrimitiveConfig;
+
+constexpr WarpPrimitive kPrimitives[] = {WarpPrimitive::shfl_xor, WarpPrimitive::redux_max, WarpPrimitive::vote_any,
+                                         WarpPrimitive::ffma};
+
+WarpPrimitiveConfig primitive_config(WarpPrimitive primitive, PrimitiveMode mode, int iterations = 8) {
+  WarpPrimitiveConfig c;
+  c.primitive = primitive;
+  c.mode = mode;
+  c.iterations = iterations;
+  return c;
+}
+
+TEST(WarpPrimitiveArguments, RulesAreNamed) {
+  const PrimitiveSample sample;
+  const auto v = [&](WarpPrimitiveConfig c, int sms = 132) { kc::ch04::validate_warp_primitive(c, sms, &sample); };
+  WarpPrimitiveConfig c = primitive_config(WarpPrimitive::redux_max, PrimitiveMode::throughput);
+  EXPECT_NO_THROW(v(c));
+  c.primitive = static_cast<WarpPrimitive>(7);
+  expect_invalid_argument([&] { v(c); }, "config.primitive (7) must be a WarpPrimitive value");
+  c = primitive_config(WarpPrimitive::redux_max, static_cast<PrimitiveMode>(2));
+  expect_invalid_argument([&] { v(c); }, "config.mode (2) must be a PrimitiveMode value");
+  c = primitive_config(WarpPrimitive::shfl_xor, PrimitiveMode::throughput);
+  c.warps_per_block = 33;
+  expect_invalid_argument([&] { v(c); }, "config.warps_per_block (33) must be in [1, 32]");
+  c.warps_per_block = 16;
+  c.blocks_per_sm = 0;
+  expect_invalid_argument([&] { v(c); }, "config.blocks_per_sm (0) must be in [1, 8]");
+  c.blocks_per_sm = 5;
+  expect_invalid_argument([&] { v(c); }, "config.warps_per_block x config.blocks_per_sm (16 x 5) must be at most 64");
+  c.blocks_per_sm = 4;
+  c.iterations = 0;
+  expect_invalid_argument([&] { v(c); }, "config.iterations (0) must be >= 1");
+  c.iterations = 1;
+  expect_invalid_argument([&] { v(c, 0); }, "sm_count (0) must be >= 1");
+  expect_invalid_argument([&] { kc::ch04::validate_warp_primitive(c, 132, nullptr); }, "samples must not be null");
+  expect_invalid_argument([&] { kc::ch04::warp_primitive(c, 132, nullptr); }, "samples must not be null");
+}
+
+TEST(WarpPrimitiveArguments, BlocksAndWork) {
+  WarpPrimitiveConfig c = primitive_config(WarpPrimitive::vote_any, PrimitiveMode::latency, 10);
+  EXPECT_EQ(kc::ch04::warp_primitive_blocks(c, 132), 1);
+  EXPECT_EQ(kc::ch04::warp_primitive_ops_per_warp(c), 10 * kc::ch04::kOpsPerChainPerIteration);
+  c.mode = PrimitiveMode::throughput;
+  c.blocks_per_sm = 3;
+  EXPECT_EQ(kc::ch04::warp_primitive_blocks(c, 132), 396);
+  EXPECT_EQ(kc::ch04::warp_primitive_ops_per_warp(c),
+            10 * kc::ch04::kOpsPerChainPerIteration * kc::ch04::kThroughputChains);
+}
+
+// The checksums the host expects, worked out by hand for thread 0 (lane 0) of a block.
+TEST(WarpPrimitiveArguments, ExpectedChecksumsByHand) {
+  // Lane mask 1, an even number of shuffles: lane 0 ends with its own start, 0 * 7 + c * 1000 + 1.
+  EXPECT_EQ(kc::ch04::expected_primitive_checksum(primitive_config(WarpPrimitive::shfl_xor, PrimitiveMode::latency)),
+            1u);
+  EXPECT_EQ(kc::ch04::expected_primitive_checksum(primitive_config(WarpPrimitive::shfl_xor, PrimitiveMode::throughput)),
+            1u + 1001u + 2001u + 3001u);
+  // The max over lanes of lane * 7 + c * 1000 + 1 is lane 31's: 218 + c * 1000.
+  EXPECT_EQ(kc::ch04::expected_primitive_checksum(primitive_config(WarpPrimitive::redux_max, PrimitiveMode::latency)),
+            218u);
+  EXPECT_EQ(
+      kc::ch04::expected_primitive_checksum(primitive_config(WarpPrimitive::redux_max, PrimitiveMode::throughput)),
+      218u + 1218u + 2218u + 3218u);
+  // Lane c starts true, so every chain is true (1) after its first vote.
+  EXPECT_EQ(kc::ch04::expected_primitive_checksum(primitive_config(WarpPrimitive::vote_any, PrimitiveMode::throughput)),
+            4u);
+  // x -> x / 2 + 1 from lane 0's 0.0f: after 128 steps it is 2.0f exactly (the gap halves each step).
+  const float two = 2.0f;
+  unsigned two_bits = 0;
+  std::memcpy(&two_bits, &two, sizeof(two_bits));
+  EXPECT_EQ(kc::ch04::expected_primitive_checksum(primitive_config(WarpPrimitive::ffma, PrimitiveMode::latency)),
+            two_bits);
+  // One trip is 16 steps from 0: 2 - 2^-15, not yet 2.
+  const float almost = 2.0f - 0x1p-15f;
+  unsigned almost_bits = 0;
+  std::memcpy(&almost_bits, &almost, sizeof(almost_bits));
+  EXPECT_EQ(kc::ch04::expected_primitive_checksum(primitive_config(WarpPrimitive::ffma, PrimitiveMode::latency, 1)),
+            almost_bits);
+}
+
+TEST(WarpPrimitiveArguments, MetricsFromSamples) {
+  const WarpPrimitiveConfig latency = primitive_config(WarpPrimitive::redux_max, PrimitiveMode::latency, 4);
+  const std::vector<PrimitiveSample> one = {{64 * 30, 0}};  // 64 instructions, 30 cycles each
+  EXPECT_DOUBLE_EQ(kc::ch04::primitive_cycles_per_op(latency, one), 30.0);
+  expect_invalid_argument([&] { kc::ch04::primitive_cycles_per_op(latency, std::vector<PrimitiveSample>{}); },
+                          "samples must hold exactly the one sample");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::primitive_cycles_per_op(latency, std::vector<PrimitiveSample>{{0, 0}});
+      },
+      "with cycles > 0");
+
+  WarpPrimitiveConfig throughput = primitive_config(WarpPrimitive::shfl_xor, PrimitiveMode::throughput, 2);
+  throughput.warps_per_block = 8;
+  throughput.blocks_per_sm = 2;
+  // 2 SMs x 2 blocks; each warp runs 2 x 16 x 4 = 128 shuffles, an SM 2 x 8 x 128 = 2048. The median
+  // of {1000, 1024, 1024, 4000} cycles (upper middle) is 1024: 2 shuffles an SM per clock.
+  const std::vector<PrimitiveSample> four = {{1024, 0}, {4000, 0}, {1000, 0}, {1024, 0}};
+  EXPECT_DOUBLE_EQ(kc::ch04::primitive_ops_per_sm_clock(throughput, 2, four), 2.0);
+  expect_invalid_argument([&] { kc::ch04::primitive_ops_per_sm_clock(throughput, 3, four); },
+                          "samples (4) must hold one sample per block (6)");
+  expect_invalid_argument([&] { kc::ch04::primitive_ops_per_sm_clock(latency, 1, one); },
+                          "config.mode must be PrimitiveMode::throughput");
+  expect_invalid_argument([&] { kc::ch04::primitive_cycles_per_op(throughput, one); },
+                          "config.mode must be PrimitiveMode::latency");
+}
+
+// Every primitive in both modes on the GPU: each block reports the checksum the host worked out (the
+// instructions ran and computed what they should) and a positive cycle count; the metrics follow.
+TEST_F(MoeGatingGpu, WarpPrimitivesComputeWhatTheHostExpects) {
+  for (WarpPrimitive primitive : kPrimitives) {
+    for (PrimitiveMode mode : {PrimitiveMode::latency, PrimitiveMode::throughput}) {
+      SCOPED_TRACE(std::string(kc::ch04::to_string(primitive)) +
+                   (mode == PrimitiveMode::latency ? " latency" : " throughput"));
+      const WarpPrimitiveConfig c = primitive_config(primitive, mode, 3);
+      const int sms = device().sm_count;
+      kc::test::GuardedOutput<PrimitiveSample> samples(
+          static_cast<std::size_t>(kc::ch04::warp_primitive_blocks(c, sms)));
+      kc::ch04::warp_primitive(c, sms, samples.data());
+      kc::check(cudaDeviceSynchronize());
+      const std::vector<PrimitiveSample> host = samples.to_host();
+      const unsigned expected = kc::ch04::expected_primitive_checksum(c);
+      for (std::size_t b = 0; b < host.size(); ++b) {
+        ASSERT_EQ(host[b].checksum, expected) << "block " << b;
+        ASSERT_GT(host[b].cycles, 0) << "block " << b;
+      }
+      if (mode == PrimitiveMode::latency) {
+        EXPECT_GT(kc::ch04::primitive_cycles_per_op(c, host), 0.0);
+      } else {
+        EXPECT_GT(kc::ch04::primitive_ops_per_sm_clock(c, sms, host), 0.0);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -767,6 +767,14 @@ def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] 
     return "\n".join(lines) + "\n"
 
 
+def plotted_cases(results: ChapterResults, metric: str) -> List[str]:
+    """The cases the plot shows, in natural order: those with a throughput (GB/s or TFLOP/s) for at
+    least one variant. Cases measured in other units (Chapter 4's warp-primitive costs, which have
+    only cycle counters) stay in the table and out of the plot."""
+    measured = [m for m in results.measurements if m.measured and _throughput(m, metric) is not None]
+    return sorted({m.case for m in measured}, key=natural_key)
+
+
 def render_plot(results: ChapterResults, chapter: Optional[Chapter], path: str) -> bool:
     """Writes a PNG of throughput per case, one line per variant. Returns False (writing nothing)
     when matplotlib is not installed."""
@@ -779,7 +787,7 @@ def render_plot(results: ChapterResults, chapter: Optional[Chapter], path: str) 
         return False
     metric = table_metric(chapter, results)
     measured = [m for m in results.measurements if m.measured]
-    cases = sorted({m.case for m in measured}, key=natural_key)
+    cases = plotted_cases(results, metric)
     variants = sorted({m.variant for m in measured}, key=variant_key)
     scale, unit = (1e12, "TFLOP/s") if metric == "flops" else (1e9, "GB/s")
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cases) + 3.5), 4.5))

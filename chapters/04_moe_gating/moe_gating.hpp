@@ -173,6 +173,29 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
 void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out,
                      cudaStream_t stream = nullptr);
 
+/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, through
+/// Version 5 with each round's warp-wide max taken by a five-step shuffle butterfly instead of
+/// `redux.sync` (at E from 129 on, where a warp holds one row). Outputs equal gating_after()'s bit
+/// for bit. Softmax scorings only; throws kc::InvalidArgument for deepseek_v3, bad @p params, or
+/// more than 2^30 logits (gating_rows_fit_int32()).
+/// @param params shape and options
+/// @param logits [T, E] fp32 logits
+/// @param out outputs
+/// @param stream the stream to enqueue on
+void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                                 cudaStream_t stream = nullptr);
+
+/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, through
+/// Version 5 with three cached keys a lane instead of two (fewer rescans, a larger tournament).
+/// Outputs equal gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument
+/// for deepseek_v3, bad @p params, or more than 2^30 logits (gating_rows_fit_int32()).
+/// @param params shape and options
+/// @param logits [T, E] fp32 logits
+/// @param out outputs
+/// @param stream the stream to enqueue on
+void gating_after_v5_top3(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                          cudaStream_t stream = nullptr);
+
 }  // namespace tune
 
 /// True when Version 5 of the fused softmax kernel can run @p params: it counts rows and output

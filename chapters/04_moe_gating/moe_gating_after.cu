@@ -426,10 +426,41 @@ __device__ __forceinline__ void top2_packed(const unsigned (&u)[N], unsigned& hi
   }
 }
 
+// The largest three of u[kFirst, kFirst + kCount), by the same tournament: merging two sorted
+// triples keeps the better leader, then the better of (the losing leader, the better runner-up),
+// then the best of what is left (7 unsigned min/max).
+template <int kFirst, int kCount, int N>
+__device__ __forceinline__ void top3_packed(const unsigned (&u)[N], unsigned& hi, unsigned& mid, unsigned& lo) {
+  if constexpr (kCount == 1) {
+    hi = u[kFirst];
+    mid = kTakenKey;
+    lo = kTakenKey;
+  } else {
+    unsigned a1, a2, a3, b1, b2, b3;
+    top3_packed<kFirst, kCount / 2>(u, a1, a2, a3);
+    top3_packed<kFirst + kCount / 2, kCount - kCount / 2>(u, b1, b2, b3);
+    const unsigned lost = min(a1, b1), runner_up = max(a2, b2);
+    hi = max(a1, b1);
+    mid = max(lost, runner_up);
+    lo = max(max(min(lost, runner_up), min(a2, b2)), max(a3, b3));
+  }
+}
+
+// How the rounds of select_top_k_packed run: `after`'s way, or a tuning candidate
+// (docs/notes/ch04.md, Session 14).
+enum class Rounds {
+  redux_top2,    // redux.sync for the warp's max (L = 32), two cached keys a lane: `after`
+  shuffle_top2,  // the five-step shuffle butterfly for the max at L = 32 too (five SHFL.BFLY and
+                 // five VIMNMX instead of one REDUX): is the REDUX unit what the rounds wait for?
+  redux_top3,    // three cached keys a lane: a lane must win three times, not twice, before the
+                 // warp rescans (about 0.07 rescans a row instead of about 1 at E = 256, k = 8), for
+                 // a larger tournament and one more select a round
+};
+
 // The segment's largest packed key, known to all its lanes.
-template <int L>
+template <int L, Rounds kSelection = Rounds::redux_top2>
 __device__ __forceinline__ unsigned segment_max(unsigned key) {
-  if constexpr (L == 32) {
+  if constexpr (L == 32 && kSelection != Rounds::shuffle_top2) {
     return __reduce_max_sync(kFullMask, key);
   } else {
 #pragma unroll
@@ -449,13 +480,18 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
 // banks) and reads back only its own stores: no lane reads what another wrote, so there is nothing
 // to order and no barrier. A single row that every lane stores (the same value) and reads needs
 // one: a __syncwarp (it cost the gain) or relaxed atomics (compute-sanitizer still reports them).
-template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false>
+template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false, Rounds kSelection = Rounds::redux_top2>
 __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N], int seg_lane, int k,
                                                     unsigned (&slot)[kSlots], unsigned* column = nullptr) {
   static_assert(!kWinnersInShared || L == 32, "winners in shared memory: one column per lane (L = 32)");
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
-  unsigned c1, c2;
-  top2_packed<0, N>(packed, c1, c2);
+  constexpr bool kTop3 = kSelection == Rounds::redux_top3;
+  unsigned c1, c2, c3 = kTakenKey;  // c3: Rounds::redux_top3 only
+  if constexpr (kTop3) {
+    top3_packed<0, N>(packed, c1, c2, c3);
+  } else {
+    top2_packed<0, N>(packed, c1, c2);
+  }
   unsigned best;
   unsigned previous = 0;  // prefix 0: never equal to a winner's, which is a number or NaN
   bool shared_prefix = false;
@@ -465,7 +501,7 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
     // for the slot test below, so one counter serves the loop and the slot (a round is 12 SASS
     // instructions instead of 13).
     if constexpr (!kWinnersInShared) asm volatile("" : "+r"(r));
-    best = segment_max<L>(c1);
+    best = segment_max<L, kSelection>(c1);
     if constexpr (kWinnersInShared) column[r * 32] = best;  // the lane's own column: rows 0 .. k
     // L = 32 checks once after the rounds (below): 3 instructions a round saved.
     if constexpr (L < 32) shared_prefix = shared_prefix || (best ^ previous) <= kIdMask;
@@ -478,14 +514,19 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
       }
     }
     const bool won = c1 == best;
-    const bool dry = won && c1 == c2;  // won, and no second candidate known
-    c1 = won ? c2 : c1;                // after a win c1 == c2: "no second" until a rescan
+    const bool dry = won && c1 == c2;         // won, and no second candidate known
+    c1 = won ? c2 : c1;                       // after a win c1 == c2: "no second" until a rescan
+    if constexpr (kTop3) c2 = won ? c3 : c2;  // ... and with three, c2 == c3 marks "no third"
     if (__any_sync(kFullMask, dry)) {
-      // The lane's best two below the last winner: the winners so far are exactly the keys >= best.
+      // The lane's best keys below the last winner: the winners so far are exactly the keys >= best.
       unsigned below[N];
 #pragma unroll
       for (int j = 0; j < N; ++j) below[j] = packed[j] < best ? packed[j] : kTakenKey;
-      top2_packed<0, N>(below, c1, c2);
+      if constexpr (kTop3) {
+        top3_packed<0, N>(below, c1, c2, c3);
+      } else {
+        top2_packed<0, N>(below, c1, c2);
+      }
     }
   }
   if constexpr (kWinnersInShared) {
@@ -610,7 +651,9 @@ struct GridStride {
 // memory (L = 32: the dynamic shared memory holds k + 1 rows of 32 words a warp, winners_table_bytes()), the NaN test
 // of the keys adds the values on the FMA pipe (a NaN or an Inf - Inf makes the sum NaN; the second only sends the warp
 // down the exact slow path), and rows and output elements are counted in 32 bits (gating_rows_fit_int32()).
-template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false>
+// kSelection: how the selection rounds run (Rounds; all but redux_top2 are tuning candidates).
+template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false,
+          Rounds kSelection = Rounds::redux_top2>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   constexpr bool kWinnersInShared = kLean && L == 32;
@@ -696,7 +739,7 @@ __global__ void __launch_bounds__(kThreads)
     unsigned slot[kSlots] = {};  // lanes past k keep 0 and store nothing
     bool shared_prefix = false;
     if constexpr (kWinnersInShared) {
-      shared_prefix = select_top_k_packed<L, N, kIdBits, kSlots, true>(packed, seg_lane, a.k, slot, column);
+      shared_prefix = select_top_k_packed<L, N, kIdBits, kSlots, true, kSelection>(packed, seg_lane, a.k, slot, column);
     } else {
       shared_prefix = select_top_k_packed<L, N, kIdBits>(packed, seg_lane, a.k, slot);
     }
@@ -967,11 +1010,13 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std:
 // Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
 // 5's 32-bit counters do not reach), or one the benchmark's tuning cases measure beside it.
 enum class SoftmaxKernel {
-  after,              // Version 5 when gating_rows_fit_int32(), Version 4 otherwise
-  version5,           // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
-  version4,           // the packed-key kernel before it (64-bit rows)
-  version3,           // the kernel before that (full 32-bit keys)
-  version4_prefetch,  // Version 4 with the row after next prefetched to L2
+  after,                 // Version 5 when gating_rows_fit_int32(), Version 4 otherwise
+  version5,              // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
+  version4,              // the packed-key kernel before it (64-bit rows)
+  version3,              // the kernel before that (full 32-bit keys)
+  version4_prefetch,     // Version 4 with the row after next prefetched to L2
+  version5_shuffle_max,  // Version 5 with the rounds' max by shuffles instead of redux.sync
+  version5_top3,         // Version 5 with three cached keys a lane
 };
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
@@ -982,8 +1027,11 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) 
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
     kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
   } else {
-    constexpr bool kLean = kKernel == SoftmaxKernel::version5;
-    const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kLean>;
+    constexpr Rounds kSelection = kKernel == SoftmaxKernel::version5_shuffle_max ? Rounds::shuffle_top2
+                                  : kKernel == SoftmaxKernel::version5_top3      ? Rounds::redux_top3
+                                                                                 : Rounds::redux_top2;
+    constexpr bool kLean = kKernel == SoftmaxKernel::version5 || kSelection != Rounds::redux_top2;
+    const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kLean, kSelection>;
     // Version 5 at L = 32 keeps k + 1 winners a lane in shared memory. The grid is sized for k = 32,
     // the most any launch needs, so the occupancy asked once per device holds for every k.
     constexpr bool kWinnersInShared = kLean && L == 32;
@@ -1107,6 +1155,28 @@ void gating_after_prefetch_l2(const GatingParams& params, const float* logits, c
 
 void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
   gating_after_impl<float, SoftmaxKernel::version4>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+}
+
+// A Version 5 tuning kernel: Version 5's own rule (at most 2^30 logits) after the common checks.
+template <SoftmaxKernel kKernel>
+void gating_after_version5_tuning(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                                  cudaStream_t stream) {
+  validate_gating(params, logits, nullptr, out);
+  if (!gating_rows_fit_int32(params)) {
+    throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
+                          std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
+  }
+  gating_after_impl<float, kKernel>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+}
+
+void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                                 cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version5_shuffle_max>(params, logits, out, stream);
+}
+
+void gating_after_v5_top3(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                          cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version5_top3>(params, logits, out, stream);
 }
 
 }  // namespace tune

@@ -600,6 +600,28 @@ class CounterMarkerTest(unittest.TestCase):
                          "w <!-- kc:counter ch06/after/caseA/waves -->2<!-- /kc:counter --> z")
 
 
+class PlottedCasesTest(unittest.TestCase):
+    """Cases without a throughput (only counters, like Chapter 4's warp-primitive costs) are left
+    out of the plot and kept in the table."""
+
+    def test_cases_without_throughput_are_not_plotted(self):
+        doc = {"context": {}, "benchmarks": [
+            {"name": "ch04/after/fp32_T16/manual_time_median", "run_name": "ch04/after/fp32_T16/manual_time",
+             "run_type": "aggregate", "aggregate_name": "median", "repetitions": 3, "real_time": 5.0,
+             "time_unit": "us", "bytes_per_second": 1e9},
+            {"name": "ch04/latency/primitive_shfl/manual_time_median",
+             "run_name": "ch04/latency/primitive_shfl/manual_time", "run_type": "aggregate",
+             "aggregate_name": "median", "repetitions": 3, "real_time": 40.0, "time_unit": "us",
+             "cycles_per_op": 23.5},
+        ]}
+        r = kr.ChapterResults("ch04", [kr.parse_benchmark_json(doc, "ch04_bench.json")], {}, True)
+        self.assertEqual(kr.plotted_cases(r, "bandwidth"), ["fp32_T16"])
+        ch04 = kr.Chapter(id="ch04", dir="04_moe_gating", title="Gating", metric="bandwidth")
+        cases = [row[0] for row in table_rows(kr.render_chapter_markdown(r, ch04))]
+        self.assertIn("primitive_shfl", cases)
+        self.assertEqual(kr.counter_text(r, "ch04/latency/primitive_shfl/cycles_per_op"), "23.5")
+
+
 class SummaryTest(unittest.TestCase):
     def test_summary_of_both_versions(self):
         status, out, _ = run_main(["summary", data("gbench_1.7.json"), data("gbench_1.8.json")])
