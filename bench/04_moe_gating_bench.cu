@@ -4,8 +4,9 @@
 // softmax -> top-k with renormalisation (label fp32_T{T}_E{E}_k{k}), and DeepSeek-V3 routing
 // (E = 256, n_group 8, topk_group 4, k = 8, factor 2.5; label fp32_dsv3_T{T}).
 // Variants: before (three kernels + workspace), after (one kernel, token counts fused into it),
-// after_counts_separate (the same kernel, counts in a second tiny kernel), limit (cudaMemcpyAsync
-// of logits + outputs bytes). pytorch comes from tools/pytorch_baselines.py.
+// after_counts_separate (the same kernel, counts in a second tiny kernel), after_no_counts (the
+// same kernel, weights and ids only: issue 5's "weights + ids" goal), limit (cudaMemcpyAsync of
+// logits + outputs bytes). pytorch comes from tools/pytorch_baselines.py.
 // Also the cost of the warp primitives the kernels are built from (warp_primitives.hpp): variants
 // latency and throughput of cases primitive_shfl_xor, primitive_redux_max, primitive_vote_any and
 // primitive_ffma, with counters cycles_per_op and warp_ops_per_sm_clock (no bytes).
@@ -13,16 +14,25 @@
 // Bytes: every variant counts the case's fewest bytes: logits read once, weights + ids + counts
 // written once (4 T E + 8 T k + 4 E for fp32); limit copies half that many bytes, so the bytes it
 // moves (read + write) are the same number.
-// Inputs rotate over enough sets to exceed twice the L2; small cases are timed as batches.
+// Inputs rotate over enough sets to exceed twice the L2.
+//
+// Timing: a batch of launches captured once into a CUDA graph, the graph replayed between two
+// events, the L2 flushed before each replay (every launch of a replay reads inputs no launch has
+// touched since the flush). A router launch takes microseconds, less than the host needs to
+// enqueue it (a launch through the runtime costs the CPU a few microseconds); timed as a stream of
+// ordinary launches, a batch measures how fast the host enqueues, once the GPU has caught up with
+// it. A graph is enqueued once, and it is how inference engines run the layer anyway. The tuning
+// rows *_stream_timed time the old way, for the comparison (docs/notes/ch04.md, Session 15).
 //
 // KC_TUNE=1 registers the tuning cases instead (for docs/notes, not for the results tables):
 // ch04/tune_fused_v3 (Version 3 of the fused softmax kernel, which the packed-key kernel replaced),
 // ch04/tune_fused_v4 (the packed-key kernel, Version 4), ch04/tune_fused_v4_prefetch (the same with
 // the row after next prefetched to L2), ch04/tune_fused_v5 (Version 5, fewer ALU instructions a row:
 // `after`), ch04/tune_fused_v5_shuffle_max (Version 5 with the rounds' max by shuffles, not
-// redux.sync), ch04/tune_fused_v5_top3 (Version 5 with three cached keys a lane) and
-// ch04/tune_limit, at
-// T = 65536 and 4096, E = 256, k = 8, so one run compares them.
+// redux.sync), ch04/tune_fused_v5_memset (Version 5 with the counts zeroed by cudaMemsetAsync, as
+// before Session 15), ch04/tune_fused_v5_no_counts, ch04/tune_limit, and
+// ch04/tune_fused_v5_stream_timed and ch04/tune_limit_stream_timed (timed as ordinary launches, not a
+// graph), at T = 65536, 4096 and 16, E = 256, k = 8, so one run compares them.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -48,15 +58,44 @@ enum class Variant {
   before,
   after_fused,
   after_separate,
+  after_no_counts,
   limit,
   fused_v3,
   fused_v4,
   fused_v4_prefetch,
   fused_v5_shuffle_max,
-  fused_v5_top3
+  fused_v5_memset
 };
 
-void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v) {
+// How a batch of launches is timed (the file's header says why the graph).
+enum class Timing { graph, stream };
+
+// Times `batch` calls of launch(i) captured once into a CUDA graph: each pass flushes the L2, then
+// replays the graph between two events (EventTimer::time_graph). Google Benchmark counts a pass as
+// `batch` iterations, so it reports the time per launch.
+template <typename LaunchFn>
+void time_graph_batches(benchmark::State& state, const kc::DeviceInfo& device, cudaStream_t stream, int batch,
+                        LaunchFn&& launch) {
+  cudaGraph_t graph = nullptr;
+  kc::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < batch; ++i) launch(i);
+  kc::check(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  kc::check(cudaGraphInstantiate(&exec, graph, 0));
+  kc::check(cudaGraphLaunch(exec, stream));  // warm-up: uploads the graph
+  kc::check(cudaStreamSynchronize(stream));
+  kc::bench::L2Flusher flusher(device);
+  kc::EventTimer timer;
+  while (state.KeepRunningBatch(batch)) {
+    flusher.flush(stream);
+    state.SetIterationTime(timer.time_graph(exec, stream, 1) * 1e-3);
+  }
+  kc::check(cudaGraphExecDestroy(exec));
+  kc::check(cudaGraphDestroy(graph));
+}
+
+void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v,
+                Timing timing = Timing::graph) {
   const auto t = static_cast<std::size_t>(p.num_tokens);
   const auto e = static_cast<std::size_t>(p.num_experts);
   const auto k = static_cast<std::size_t>(p.k);
@@ -79,7 +118,7 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
   kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   kc::check(cudaDeviceSynchronize());
   std::size_t next = 0;
-  kc::bench::time_batches(state, stream, kc::bench::batch_for_bytes(bytes), [&](int) {
+  const auto launch = [&](int) {
     const std::size_t s = next++ % sets;
     const float* set_logits = logits.data() + s * t * e;
     const kc::ch04::GatingOutputs out{weights.data() + s * t * k, ids.data() + s * t * k, counts.data() + s * e};
@@ -93,13 +132,16 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::after_separate:
         kc::ch04::gating_after(p, set_logits, bias_ptr, out, stream, kc::ch04::CountMode::separate_kernel);
         break;
+      case Variant::after_no_counts:
+        kc::ch04::gating_after(p, set_logits, bias_ptr, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr}, stream);
+        break;
+      case Variant::fused_v5_memset: kc::ch04::tune::gating_after_v5_memset(p, set_logits, out, stream); break;
       case Variant::fused_v3: kc::ch04::tune::gating_after_v3(p, set_logits, out, stream); break;
       case Variant::fused_v4_prefetch: kc::ch04::tune::gating_after_prefetch_l2(p, set_logits, out, stream); break;
       case Variant::fused_v4: kc::ch04::tune::gating_after_v4(p, set_logits, out, stream); break;
       case Variant::fused_v5_shuffle_max:
         kc::ch04::tune::gating_after_v5_shuffle_max(p, set_logits, out, stream);
         break;
-      case Variant::fused_v5_top3: kc::ch04::tune::gating_after_v5_top3(p, set_logits, out, stream); break;
       case Variant::limit: {
         // A copy of n bytes reads n and writes n: n = min_bytes / 2 moves exactly min_bytes.
         const auto n = static_cast<std::size_t>(bytes / 2);
@@ -108,7 +150,13 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
         break;
       }
     }
-  });
+  };
+  const int batch = kc::bench::batch_for_bytes(bytes);
+  if (timing == Timing::graph) {
+    time_graph_batches(state, device, stream, batch, launch);
+  } else {
+    kc::bench::time_batches(state, stream, batch, launch);
+  }
   kc::check(cudaStreamDestroy(stream));
   kc::bench::set_counters(state, bytes);
   state.counters["rotating_sets"] = static_cast<double>(sets);
@@ -124,6 +172,7 @@ void register_case(const kc::DeviceInfo& device, const std::string& label, const
   } variants[] = {{"before", Variant::before},
                   {"after", Variant::after_fused},  // counts fused into the kernel: the chosen counting
                   {"after_counts_separate", Variant::after_separate},
+                  {"after_no_counts", Variant::after_no_counts},
                   {"limit", Variant::limit}};
   for (const auto& v : variants) {
     const std::string name = "ch04/" + std::string(v.name) + "/" + label;
@@ -184,7 +233,7 @@ void register_primitives(const kc::DeviceInfo& device) {
 
 // The tuning cases: the previous fused kernel against the current one and the copy, same inputs.
 void register_tuning(const kc::DeviceInfo& device) {
-  for (std::int64_t t : {std::int64_t{65536}, std::int64_t{4096}}) {
+  for (std::int64_t t : {std::int64_t{65536}, std::int64_t{4096}, std::int64_t{16}}) {
     kc::ch04::GatingParams p;
     p.num_tokens = t;
     p.num_experts = 256;
@@ -195,17 +244,23 @@ void register_tuning(const kc::DeviceInfo& device) {
     const struct {
       const char* name;
       Variant v;
-    } variants[] = {{"tune_fused_v3", Variant::fused_v3},
-                    {"tune_fused_v4", Variant::fused_v4},
-                    {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch},
-                    {"tune_fused_v5", Variant::after_fused},
-                    {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max},
-                    {"tune_fused_v5_top3", Variant::fused_v5_top3},
-                    {"tune_limit", Variant::limit}};
+      Timing timing;
+    } variants[] = {{"tune_fused_v3", Variant::fused_v3, Timing::graph},
+                    {"tune_fused_v4", Variant::fused_v4, Timing::graph},
+                    {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch, Timing::graph},
+                    {"tune_fused_v5", Variant::after_fused, Timing::graph},
+                    {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max, Timing::graph},
+                    {"tune_fused_v5_memset", Variant::fused_v5_memset, Timing::graph},
+                    {"tune_fused_v5_no_counts", Variant::after_no_counts, Timing::graph},
+                    {"tune_limit", Variant::limit, Timing::graph},
+                    {"tune_fused_v5_stream_timed", Variant::after_fused, Timing::stream},
+                    {"tune_limit_stream_timed", Variant::limit, Timing::stream}};
     for (const auto& v : variants) {
       const std::string name = "ch04/" + std::string(v.name) + "/" + label;
       kc::bench::configure(benchmark::RegisterBenchmark(
-          name.c_str(), [&device, p, variant = v.v](benchmark::State& s) { bench_case(s, device, p, variant); }));
+          name.c_str(), [&device, p, variant = v.v, timing = v.timing](benchmark::State& s) {
+            bench_case(s, device, p, variant, timing);
+          }));
     }
   }
   kc::bench::check_case_labels(labels);

@@ -288,18 +288,28 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
   return d;
 }
 
-// tune_prefetch_l2, tune_v4: the benchmark's tuning kernels (fp32 logits, counts fused); tune_v4 is
+// tune_*: the benchmark's tuning kernels (fp32 logits, counts fused); tune_v4 is
 // also what `after` runs past 2^30 logits, too large to test here.
-enum class Path { before, after_fused, after_separate, tune_prefetch_l2, tune_v4, tune_v5_shuffle_max, tune_v5_top3 };
+enum class Path {
+  before,
+  after_fused,
+  after_separate,
+  after_no_counts,
+  tune_prefetch_l2,
+  tune_v4,
+  tune_v5_shuffle_max,
+  tune_v5_memset
+};
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
     case Path::after_fused: return "after_counts_fused";
     case Path::after_separate: return "after_counts_separate";
+    case Path::after_no_counts: return "after_no_counts";
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
     case Path::tune_v4: return "tune_v4";
     case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
-    case Path::tune_v5_top3: return "tune_v5_top3";
+    case Path::tune_v5_memset: return "tune_v5_memset";
   }
   return "unknown";
 }
@@ -310,7 +320,7 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
   } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
-             path == Path::tune_v5_top3) {
+             path == Path::tune_v5_memset) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
@@ -319,11 +329,13 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
       } else if (path == Path::tune_v5_shuffle_max) {
         kc::ch04::tune::gating_after_v5_shuffle_max(p, logits, out, stream);
       } else {
-        kc::ch04::tune::gating_after_v5_top3(p, logits, out, stream);
+        kc::ch04::tune::gating_after_v5_memset(p, logits, out, stream);
       }
     } else {
       FAIL() << "the tuning candidates take fp32 logits only";
     }
+  } else if (path == Path::after_no_counts) {
+    kc::ch04::gating_after(p, logits, bias, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr}, stream);
   } else {
     kc::ch04::gating_after(p, logits, bias, out, stream,
                            path == Path::after_fused ? CountMode::fused_atomics : CountMode::separate_kernel);
@@ -353,7 +365,11 @@ void check_case(Path path, const GatingParams& p, const std::vector<T>& logits, 
   for (std::size_t i = 0; i < tk; ++i) wrong += got_ids[i] != ref.ids[i] ? 1 : 0;
   EXPECT_EQ(wrong, 0u) << "ids must equal the reference exactly";
   kc::test::expect_close(kc::compare<float>(weights.to_host(), ref.weights, kc::test::kPoisonByte), 1e-5, "weights");
-  if (p.num_tokens > 0) {
+  if (path == Path::after_no_counts) {
+    EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(counts.to_host()), kc::test::kPoisonByte),
+              static_cast<std::size_t>(p.num_experts))
+        << "no counts asked for: nothing written there";
+  } else if (p.num_tokens > 0) {
     EXPECT_EQ(counts.to_host(), ref.counts);
   } else {
     EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(counts.to_host()), kc::test::kPoisonByte),
@@ -370,7 +386,7 @@ const int kKs[] = {1, 2, 6, 8, 32};
 
 TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::before, Path::tune_v4}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before, Path::tune_v4}) {
     for (int e : kExperts) {
       for (int k : kKs) {
         if (k > e) continue;
@@ -435,14 +451,14 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v4, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v5_top3, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v5_memset, softmax_params(t, e, k, true), logits);
       }
     }
   }
 }
 
 TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
-  for (Path path : {Path::after_fused, Path::before, Path::tune_v4, Path::tune_v5_shuffle_max, Path::tune_v5_top3}) {
+  for (Path path : {Path::after_fused, Path::before, Path::tune_v4, Path::tune_v5_shuffle_max}) {
     for (int e : {8, 60, 256, 512}) {
       // Few distinct values: every row is full of exact ties, across lanes and within a lane.
       std::vector<float> logits(static_cast<std::size_t>(64) * e);
@@ -466,7 +482,7 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
     for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
     r[6 * e + 0] = inf, r[6 * e + 1] = -inf;             // row 6: +Inf beside -Inf (one lane's sum is NaN)
     // Only the fused paths: the before path ranks probabilities, where NaN and -Inf both become 0.
-    for (Path path : {Path::after_fused, Path::tune_v4, Path::tune_v5_shuffle_max, Path::tune_v5_top3}) {
+    for (Path path : {Path::after_fused, Path::tune_v4, Path::tune_v5_shuffle_max}) {
       check_case(path, softmax_params(7, e, std::min(e, 6), false), logits);
       check_case(path, softmax_params(7, e, std::min(e, 6), true), logits);
     }
@@ -475,7 +491,7 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
 
 TEST_F(MoeGatingGpu, DeepSeekV3) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::before}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before}) {
     for (const GatingParams& shape :
          {dsv3_params(1), dsv3_params(7), dsv3_params(4096), dsv3_params(7, 64, 6, 8, 3), dsv3_params(7, 384, 8, 8, 4),
           dsv3_params(7, 512, 32, 16, 8), dsv3_params(7, 8, 2, 4, 2), dsv3_params(7, 160, 8, 1, 1)}) {
@@ -524,7 +540,7 @@ kc::test::LaunchUnderTest make_run(Path path, const GatingParams& p, kc::DeviceB
 
 TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::before}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before}) {
     for (int e : {8, 256}) {
       SCOPED_TRACE(std::string(path_name(path)) + " E=" + std::to_string(e));
       const GatingParams p = softmax_params(4099, e, std::min(e, 8));
@@ -644,25 +660,35 @@ TEST(WarpPrimitiveArguments, ExpectedChecksumsByHand) {
 
 TEST(WarpPrimitiveArguments, MetricsFromSamples) {
   const WarpPrimitiveConfig latency = primitive_config(WarpPrimitive::redux_max, PrimitiveMode::latency, 4);
-  const std::vector<PrimitiveSample> one = {{64 * 30, 0}};  // 64 instructions, 30 cycles each
+  const std::vector<PrimitiveSample> one = {{100, 100 + 64 * 30, 5, 0}};  // 64 instructions, 30 cycles each
   EXPECT_DOUBLE_EQ(kc::ch04::primitive_cycles_per_op(latency, one), 30.0);
   expect_invalid_argument([&] { kc::ch04::primitive_cycles_per_op(latency, std::vector<PrimitiveSample>{}); },
                           "samples must hold exactly the one sample");
   expect_invalid_argument(
       [&] {
-        kc::ch04::primitive_cycles_per_op(latency, std::vector<PrimitiveSample>{{0, 0}});
+        kc::ch04::primitive_cycles_per_op(latency, std::vector<PrimitiveSample>{{7, 7, 0, 0}});
       },
-      "with cycles > 0");
+      "with stop > start");
 
   WarpPrimitiveConfig throughput = primitive_config(WarpPrimitive::shfl_xor, PrimitiveMode::throughput, 2);
   throughput.warps_per_block = 8;
   throughput.blocks_per_sm = 2;
-  // 2 SMs x 2 blocks; each warp runs 2 x 16 x 4 = 128 shuffles, an SM 2 x 8 x 128 = 2048. The median
-  // of {1000, 1024, 1024, 4000} cycles (upper middle) is 1024: 2 shuffles an SM per clock.
-  const std::vector<PrimitiveSample> four = {{1024, 0}, {4000, 0}, {1000, 0}, {1024, 0}};
+  // 2 SMs were asked for 2 blocks each; each warp runs 2 x 16 x 4 = 128 shuffles, a block 8 x 128 =
+  // 1024. The scheduler put three blocks on SM 1 (span 500 .. 2036: 3072 shuffles in 1536 cycles,
+  // 2 a clock) and one on SM 0 (1024 in 256 cycles, 4 a clock). Counting every SM as two blocks
+  // over one block's time would give 8 / 3 and 8; the median of the SMs' rates is 4 (upper middle).
+  std::vector<PrimitiveSample> four = {{500, 1524, 1, 0}, {1000, 2036, 1, 0}, {10, 266, 0, 0}, {800, 1800, 1, 0}};
+  EXPECT_DOUBLE_EQ(kc::ch04::primitive_ops_per_sm_clock(throughput, 2, four), 4.0);
+  four[2] = {10, 522, 0, 0};  // SM 0 at 2 a clock too
   EXPECT_DOUBLE_EQ(kc::ch04::primitive_ops_per_sm_clock(throughput, 2, four), 2.0);
   expect_invalid_argument([&] { kc::ch04::primitive_ops_per_sm_clock(throughput, 3, four); },
                           "samples (4) must hold one sample per block (6)");
+  four[3].sm = 2;
+  expect_invalid_argument([&] { kc::ch04::primitive_ops_per_sm_clock(throughput, 2, four); },
+                          "every sample's sm (2) must be below sm_count (2)");
+  four[3] = {9, 9, 1, 0};
+  expect_invalid_argument([&] { kc::ch04::primitive_ops_per_sm_clock(throughput, 2, four); },
+                          "every sample must have stop > start");
   expect_invalid_argument([&] { kc::ch04::primitive_ops_per_sm_clock(latency, 1, one); },
                           "config.mode must be PrimitiveMode::throughput");
   expect_invalid_argument([&] { kc::ch04::primitive_cycles_per_op(throughput, one); },
@@ -670,7 +696,8 @@ TEST(WarpPrimitiveArguments, MetricsFromSamples) {
 }
 
 // Every primitive in both modes on the GPU: each block reports the checksum the host worked out (the
-// instructions ran and computed what they should) and a positive cycle count; the metrics follow.
+// instructions ran and computed what they should), a positive cycle count and a real SM; the metrics
+// follow, and no rate exceeds what an SM can issue (four schedulers, one warp instruction a clock each).
 TEST_F(MoeGatingGpu, WarpPrimitivesComputeWhatTheHostExpects) {
   for (WarpPrimitive primitive : kPrimitives) {
     for (PrimitiveMode mode : {PrimitiveMode::latency, PrimitiveMode::throughput}) {
@@ -686,12 +713,15 @@ TEST_F(MoeGatingGpu, WarpPrimitivesComputeWhatTheHostExpects) {
       const unsigned expected = kc::ch04::expected_primitive_checksum(c);
       for (std::size_t b = 0; b < host.size(); ++b) {
         ASSERT_EQ(host[b].checksum, expected) << "block " << b;
-        ASSERT_GT(host[b].cycles, 0) << "block " << b;
+        ASSERT_GT(host[b].stop, host[b].start) << "block " << b;
+        ASSERT_LT(host[b].sm, static_cast<unsigned>(sms)) << "block " << b;
       }
       if (mode == PrimitiveMode::latency) {
-        EXPECT_GT(kc::ch04::primitive_cycles_per_op(c, host), 0.0);
+        EXPECT_GE(kc::ch04::primitive_cycles_per_op(c, host), 1.0);
       } else {
-        EXPECT_GT(kc::ch04::primitive_ops_per_sm_clock(c, sms, host), 0.0);
+        const double rate = kc::ch04::primitive_ops_per_sm_clock(c, sms, host);
+        EXPECT_GT(rate, 0.0);
+        EXPECT_LE(rate, 4.0);
       }
     }
   }

@@ -186,15 +186,16 @@ void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits
                                  cudaStream_t stream = nullptr);
 
 /// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, through
-/// Version 5 with three cached keys a lane instead of two (fewer rescans, a larger tournament).
-/// Outputs equal gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument
-/// for deepseek_v3, bad @p params, or more than 2^30 logits (gating_rows_fit_int32()).
+/// Version 5, with the counts zeroed by `cudaMemsetAsync` and the kernel launched after it the
+/// ordinary way (how `after` zeroed them before its one-block zeroing kernel with a programmatic
+/// dependent launch). Outputs equal gating_after()'s bit for bit. Softmax scorings only; throws
+/// kc::InvalidArgument for deepseek_v3, bad @p params, or more than 2^30 logits.
 /// @param params shape and options
 /// @param logits [T, E] fp32 logits
 /// @param out outputs
 /// @param stream the stream to enqueue on
-void gating_after_v5_top3(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                          cudaStream_t stream = nullptr);
+void gating_after_v5_memset(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                            cudaStream_t stream = nullptr);
 
 }  // namespace tune
 

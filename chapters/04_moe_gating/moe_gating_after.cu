@@ -40,6 +40,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "gating_device.cuh"
 #include "kc/check.hpp"
@@ -235,12 +236,32 @@ __device__ __forceinline__ void select_top_k(const unsigned (&key)[N], int seg_l
 }
 
 // Shared-memory histogram of a block's choices, flushed to counts with at most E atomics.
+//
+// The counts must be zero before the first atomic lands. The launch zeroes them with a one-block
+// kernel (zero_counts) and starts the gating kernel as its programmatic dependent (sm_90 on; see
+// launch_gating_kernel): the gating kernel's blocks may then run while the zeroing is still on its
+// way, and griddepcontrol.wait, here, is the one point that has to come after it. It returns once
+// the zeroing kernel has finished and its stores are visible; when the kernel was launched the
+// ordinary way (no zeroing in front, or before sm_90) it returns at once.
 __device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts) {
   __syncthreads();
   if (counts == nullptr) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) {
     if (histogram[e] != 0) atomicAdd(counts + e, histogram[e]);
   }
+}
+
+// Zeroes counts[0, E) for the fused kernels' atomics. Its first instruction lets the kernel behind
+// it launch (griddepcontrol.launch_dependents), so that kernel's blocks start loading logits while
+// these 256 threads store zeros; the two launches cost about one (docs/notes/ch04.md, Session 15).
+__global__ void zero_counts(std::int32_t* counts, int num_experts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 0;
 }
 
 __device__ __forceinline__ void clear_histogram(int* histogram, int num_experts) {
@@ -426,35 +447,12 @@ __device__ __forceinline__ void top2_packed(const unsigned (&u)[N], unsigned& hi
   }
 }
 
-// The largest three of u[kFirst, kFirst + kCount), by the same tournament: merging two sorted
-// triples keeps the better leader, then the better of (the losing leader, the better runner-up),
-// then the best of what is left (7 unsigned min/max).
-template <int kFirst, int kCount, int N>
-__device__ __forceinline__ void top3_packed(const unsigned (&u)[N], unsigned& hi, unsigned& mid, unsigned& lo) {
-  if constexpr (kCount == 1) {
-    hi = u[kFirst];
-    mid = kTakenKey;
-    lo = kTakenKey;
-  } else {
-    unsigned a1, a2, a3, b1, b2, b3;
-    top3_packed<kFirst, kCount / 2>(u, a1, a2, a3);
-    top3_packed<kFirst + kCount / 2, kCount - kCount / 2>(u, b1, b2, b3);
-    const unsigned lost = min(a1, b1), runner_up = max(a2, b2);
-    hi = max(a1, b1);
-    mid = max(lost, runner_up);
-    lo = max(max(min(lost, runner_up), min(a2, b2)), max(a3, b3));
-  }
-}
-
 // How the rounds of select_top_k_packed run: `after`'s way, or a tuning candidate
 // (docs/notes/ch04.md, Session 14).
 enum class Rounds {
   redux_top2,    // redux.sync for the warp's max (L = 32), two cached keys a lane: `after`
   shuffle_top2,  // the five-step shuffle butterfly for the max at L = 32 too (five SHFL.BFLY and
                  // five VIMNMX instead of one REDUX): is the REDUX unit what the rounds wait for?
-  redux_top3,    // three cached keys a lane: a lane must win three times, not twice, before the
-                 // warp rescans (about 0.07 rescans a row instead of about 1 at E = 256, k = 8), for
-                 // a larger tournament and one more select a round
 };
 
 // The segment's largest packed key, known to all its lanes.
@@ -485,13 +483,8 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
                                                     unsigned (&slot)[kSlots], unsigned* column = nullptr) {
   static_assert(!kWinnersInShared || L == 32, "winners in shared memory: one column per lane (L = 32)");
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
-  constexpr bool kTop3 = kSelection == Rounds::redux_top3;
-  unsigned c1, c2, c3 = kTakenKey;  // c3: Rounds::redux_top3 only
-  if constexpr (kTop3) {
-    top3_packed<0, N>(packed, c1, c2, c3);
-  } else {
-    top2_packed<0, N>(packed, c1, c2);
-  }
+  unsigned c1, c2;
+  top2_packed<0, N>(packed, c1, c2);
   unsigned best;
   unsigned previous = 0;  // prefix 0: never equal to a winner's, which is a number or NaN
   bool shared_prefix = false;
@@ -514,19 +507,14 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
       }
     }
     const bool won = c1 == best;
-    const bool dry = won && c1 == c2;         // won, and no second candidate known
-    c1 = won ? c2 : c1;                       // after a win c1 == c2: "no second" until a rescan
-    if constexpr (kTop3) c2 = won ? c3 : c2;  // ... and with three, c2 == c3 marks "no third"
+    const bool dry = won && c1 == c2;  // won, and no second candidate known
+    c1 = won ? c2 : c1;                // after a win c1 == c2: "no second" until a rescan
     if (__any_sync(kFullMask, dry)) {
-      // The lane's best keys below the last winner: the winners so far are exactly the keys >= best.
+      // The lane's best two below the last winner: the winners so far are exactly the keys >= best.
       unsigned below[N];
 #pragma unroll
       for (int j = 0; j < N; ++j) below[j] = packed[j] < best ? packed[j] : kTakenKey;
-      if constexpr (kTop3) {
-        top3_packed<0, N>(below, c1, c2, c3);
-      } else {
-        top2_packed<0, N>(below, c1, c2);
-      }
+      top2_packed<0, N>(below, c1, c2);
     }
   }
   if constexpr (kWinnersInShared) {
@@ -1007,6 +995,34 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std:
   return blocks;
 }
 
+// Where a fused kernel is launched: its stream, and whether it follows a zero_counts launch as that
+// launch's programmatic dependent.
+struct LaunchOn {
+  cudaStream_t stream;
+  bool after_zeroing;  // counts are zeroed just before it, and the GPU is sm_90 or later
+};
+
+// Launches one fused kernel of kThreads threads a block. After a zero_counts launch on sm_90 it goes
+// with the attribute "programmatic stream serialization": the GPU may start its blocks as soon as
+// zero_counts has started (its launch_dependents), instead of after it has finished; the kernel
+// waits for the zeros only where it needs them (flush_histogram). Chapter 7 uses the same mechanism
+// between GEMMs and explains it in full.
+template <typename... Params, typename... Args>
+void launch_gating_kernel(void (*kernel)(Params...), unsigned blocks, std::size_t shared_bytes, const LaunchOn& on,
+                          Args&&... args) {
+  cudaLaunchAttribute dependent[1] = {};
+  dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = on.stream;
+  config.attrs = dependent;
+  config.numAttrs = on.after_zeroing ? 1 : 0;
+  check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 // Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
 // 5's 32-bit counters do not reach), or one the benchmark's tuning cases measure beside it.
 enum class SoftmaxKernel {
@@ -1016,20 +1032,18 @@ enum class SoftmaxKernel {
   version3,              // the kernel before that (full 32-bit keys)
   version4_prefetch,     // Version 4 with the row after next prefetched to L2
   version5_shuffle_max,  // Version 5 with the rounds' max by shuffles instead of redux.sync
-  version5_top3,         // Version 5 with three cached keys a lane
 };
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
-void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) {
+void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
   static std::atomic<int> cache[kCachedDevices];
   constexpr int kRowsPerBlock = kWarpsPerBlock * (32 / L);
   if constexpr (kKernel == SoftmaxKernel::version3) {
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
-    kernel<<<grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), kThreads, 0, stream>>>(logits, a);
+    launch_gating_kernel(kernel, grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), 0, on, logits, a);
   } else {
-    constexpr Rounds kSelection = kKernel == SoftmaxKernel::version5_shuffle_max ? Rounds::shuffle_top2
-                                  : kKernel == SoftmaxKernel::version5_top3      ? Rounds::redux_top3
-                                                                                 : Rounds::redux_top2;
+    constexpr Rounds kSelection =
+        kKernel == SoftmaxKernel::version5_shuffle_max ? Rounds::shuffle_top2 : Rounds::redux_top2;
     constexpr bool kLean = kKernel == SoftmaxKernel::version5 || kSelection != Rounds::redux_top2;
     const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kLean, kSelection>;
     // Version 5 at L = 32 keeps k + 1 winners a lane in shared memory. The grid is sized for k = 32,
@@ -1039,41 +1053,60 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) 
     const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock,
                                      blocks_per_sm(kernel, cache, kWinnersInShared ? winners_table_bytes(32) : 0));
     const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
-    kernel<<<blocks, kThreads, winners_bytes, stream>>>(logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
+    launch_gating_kernel(kernel, blocks, winners_bytes, on, logits, a,
+                         GridStride{rows, rows * a.num_experts, rows * a.k});
   }
 }
 
 template <typename T, int V, SoftmaxKernel kKernel>
-void dispatch_softmax(const T* logits, const SoftmaxArgs& a, cudaStream_t stream) {
+void dispatch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
   // The smallest layout that holds E: one thread per row for E <= 8, a warp per row from 129 on.
   const int e = a.num_experts;
   if (e <= 8) {
-    launch_softmax<T, 1, 8, V, kKernel>(logits, a, stream);
+    launch_softmax<T, 1, 8, V, kKernel>(logits, a, on);
   } else if (e <= 64) {
     // E <= 32 too: an L = 4 segment needs 8 output slots a lane (k <= 32), which spilled on sm_80.
-    launch_softmax<T, 8, 8, V, kKernel>(logits, a, stream);
+    launch_softmax<T, 8, 8, V, kKernel>(logits, a, on);
   } else if (e <= 128) {
-    launch_softmax<T, 16, 8, V, kKernel>(logits, a, stream);
+    launch_softmax<T, 16, 8, V, kKernel>(logits, a, on);
   } else if (e <= 256) {
-    launch_softmax<T, 32, 8, V, kKernel>(logits, a, stream);
+    launch_softmax<T, 32, 8, V, kKernel>(logits, a, on);
   } else {
-    launch_softmax<T, 32, 16, V, kKernel>(logits, a, stream);
+    launch_softmax<T, 32, 16, V, kKernel>(logits, a, on);
   }
 }
 
 template <typename T, int V>
-void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, cudaStream_t stream) {
+void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, const LaunchOn& on) {
   static std::atomic<int> cache8[kCachedDevices], cache16[kCachedDevices];
   if (a.num_experts <= 256) {
     const auto kernel = fused_deepseek_v3<T, 8, V>;
-    kernel<<<grid_for(a.num_tokens, kWarpsPerBlock, blocks_per_sm(kernel, cache8)), kThreads, 0, stream>>>(logits, a);
+    launch_gating_kernel(kernel, grid_for(a.num_tokens, kWarpsPerBlock, blocks_per_sm(kernel, cache8)), 0, on, logits,
+                         a);
   } else {
     const auto kernel = fused_deepseek_v3<T, 16, V>;
-    kernel<<<grid_for(a.num_tokens, kWarpsPerBlock, blocks_per_sm(kernel, cache16)), kThreads, 0, stream>>>(logits, a);
+    launch_gating_kernel(kernel, grid_for(a.num_tokens, kWarpsPerBlock, blocks_per_sm(kernel, cache16)), 0, on, logits,
+                         a);
   }
 }
 
-template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after>
+// How the fused counts are zeroed before the kernel's atomics.
+enum class Zeroing {
+  dependent_kernel,  // zero_counts, and the gating kernel as its programmatic dependent: `after`
+  memset,            // cudaMemsetAsync, then the gating kernel the ordinary way (the tuning row
+                     // ch04/tune_fused_v5_memset; Version 5 before Session 15)
+};
+
+// Programmatic dependent launch needs sm_90 (griddepcontrol); older GPUs run the same two kernels
+// one after the other.
+bool dependent_launch_supported() {
+  int device = 0, major = 0;
+  check(cudaGetDevice(&device));
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
+}
+
+template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after, Zeroing kZeroing = Zeroing::dependent_kernel>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
   validate_gating(p, logits, bias, out);
@@ -1082,10 +1115,15 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
                           ") must be a CountMode value");
   }
   if (p.num_tokens == 0) return;
-  if (out.counts != nullptr) {
+  std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
+  LaunchOn on{stream, false};
+  if (kernel_counts != nullptr && kZeroing == Zeroing::dependent_kernel) {
+    zero_counts<<<1, kThreads, 0, stream>>>(kernel_counts, p.num_experts);
+    check_launch();
+    on.after_zeroing = dependent_launch_supported();
+  } else if (out.counts != nullptr) {
     check(cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
   }
-  std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
 
   // 16-byte vectors when every row starts 16-byte aligned; otherwise one element per load.
   constexpr int kVector = 16 / sizeof(T);
@@ -1096,7 +1134,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   if (p.scoring == Scoring::deepseek_v3) {
     const DeepSeekArgs a{bias,          out.weights, out.ids,   kernel_counts, p.num_tokens,
                          p.num_experts, p.k,         p.n_group, p.topk_group,  p.routed_scaling_factor};
-    vector ? dispatch_deepseek<T, kVector>(logits, a, stream) : dispatch_deepseek<T, 1>(logits, a, stream);
+    vector ? dispatch_deepseek<T, kVector>(logits, a, on) : dispatch_deepseek<T, 1>(logits, a, on);
   } else {
     const SoftmaxArgs a{out.weights,
                         out.ids,
@@ -1107,7 +1145,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
                         p.scoring == Scoring::softmax_then_topk && !p.renormalize};
     const auto run = [&](auto kernel_constant) {
       constexpr SoftmaxKernel kRun = decltype(kernel_constant)::value;
-      vector ? dispatch_softmax<T, kVector, kRun>(logits, a, stream) : dispatch_softmax<T, 1, kRun>(logits, a, stream);
+      vector ? dispatch_softmax<T, kVector, kRun>(logits, a, on) : dispatch_softmax<T, 1, kRun>(logits, a, on);
     };
     if constexpr (kKernel == SoftmaxKernel::after) {
       // Version 5 counts rows in 32 bits; beyond 2^30 logits (4 Mi tokens at E = 256) Version 4 runs.
@@ -1158,7 +1196,7 @@ void gating_after_v4(const GatingParams& params, const float* logits, const Gati
 }
 
 // A Version 5 tuning kernel: Version 5's own rule (at most 2^30 logits) after the common checks.
-template <SoftmaxKernel kKernel>
+template <SoftmaxKernel kKernel, Zeroing kZeroing = Zeroing::dependent_kernel>
 void gating_after_version5_tuning(const GatingParams& params, const float* logits, const GatingOutputs& out,
                                   cudaStream_t stream) {
   validate_gating(params, logits, nullptr, out);
@@ -1166,7 +1204,7 @@ void gating_after_version5_tuning(const GatingParams& params, const float* logit
     throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
                           std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
   }
-  gating_after_impl<float, kKernel>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+  gating_after_impl<float, kKernel, kZeroing>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
 void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
@@ -1174,9 +1212,9 @@ void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits
   gating_after_version5_tuning<SoftmaxKernel::version5_shuffle_max>(params, logits, out, stream);
 }
 
-void gating_after_v5_top3(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                          cudaStream_t stream) {
-  gating_after_version5_tuning<SoftmaxKernel::version5_top3>(params, logits, out, stream);
+void gating_after_v5_memset(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                            cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version5, Zeroing::memset>(params, logits, out, stream);
 }
 
 }  // namespace tune

@@ -44,11 +44,14 @@ inline constexpr int kOpsPerChainPerIteration = 16;
 /// Independent chains per warp in throughput mode (latency mode runs one).
 inline constexpr int kThroughputChains = 4;
 
-/// What one block of a launch reports: the cycles its first warp counted (clock64, from just before
-/// the loop to just after it, with a block barrier on each side) and a checksum of its chains.
+/// What one block of a launch reports: its SM's cycle counter (clock64) just before the loop and
+/// just after it, each read behind a block barrier, the SM it ran on, and a checksum of its chains.
+/// The counter is the SM's own, so the samples of blocks that shared an SM are on one time line.
 struct PrimitiveSample {
-  long long cycles = 0;   ///< SM cycles the block's loop took
-  unsigned checksum = 0;  ///< the chains' final values, combined (PrimitiveSample::checksum rules below)
+  long long start = 0;    ///< the SM's cycle counter when the block's loop began
+  long long stop = 0;     ///< ... and when it ended (stop - start: the block's loop in SM cycles)
+  unsigned sm = 0;        ///< the SM the block ran on (%smid)
+  unsigned checksum = 0;  ///< the chains' final values, combined (expected_primitive_checksum())
 };
 
 /// Throws kc::InvalidArgument naming the first broken rule of @p config (see WarpPrimitiveConfig:
@@ -79,14 +82,17 @@ void warp_primitive(const WarpPrimitiveConfig& config, int sm_count, PrimitiveSa
 unsigned expected_primitive_checksum(const WarpPrimitiveConfig& config);
 
 /// Latency mode: SM cycles per instruction of the chain, from the one sample of a launch (its
-/// cycles over warp_primitive_ops_per_warp). Throws kc::InvalidArgument if @p config is not
-/// latency mode or @p samples does not hold exactly one sample with cycles > 0.
+/// stop - start over warp_primitive_ops_per_warp). Throws kc::InvalidArgument if @p config is not
+/// latency mode or @p samples does not hold exactly one sample with stop > start.
 double primitive_cycles_per_op(const WarpPrimitiveConfig& config, std::span<const PrimitiveSample> samples);
 
-/// Throughput mode: warp instructions of the primitive an SM retires per clock. The blocks of an SM
-/// run side by side, so an SM's time is the blocks' median cycle count; its work is blocks_per_sm ×
-/// warps_per_block × warp_primitive_ops_per_warp. Throws kc::InvalidArgument if @p config is not
-/// throughput mode or @p samples does not hold warp_primitive_blocks() samples, all with cycles > 0.
+/// Throughput mode: warp instructions of the primitive an SM retires per clock, the median over the
+/// SMs that ran blocks. The block scheduler need not give every SM blocks_per_sm blocks (it may put
+/// more on one SM and fewer on another), so each SM is measured on its own: its work is the blocks
+/// it ran × warps_per_block × warp_primitive_ops_per_warp, its time from its first block's start to
+/// its last block's stop. Throws kc::InvalidArgument if @p config is not throughput mode or
+/// @p samples does not hold warp_primitive_blocks() samples, each with stop > start and sm below
+/// @p sm_count.
 double primitive_ops_per_sm_clock(const WarpPrimitiveConfig& config, int sm_count,
                                   std::span<const PrimitiveSample> samples);
 
