@@ -235,20 +235,34 @@ __device__ __forceinline__ void select_top_k(const unsigned (&key)[N], int seg_l
   }
 }
 
+// Programmatic dependent launch (sm_90 on; Chapter 7 explains it in full). A kernel launched with
+// the attribute "programmatic stream serialization" may start as soon as every block of the kernel
+// before it has run griddepcontrol.launch_dependents (or exited), instead of after that kernel has
+// finished; it runs griddepcontrol.wait before it touches anything the kernel before it writes,
+// which returns once that kernel has finished and its stores are visible. Both are no-ops when no
+// launch asked for it, and compile to nothing before sm_90.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Shared-memory histogram of a block's choices, flushed to counts with at most E atomics.
 //
 // The counts must be zero before the first atomic lands. The launch zeroes them with a one-block
 // kernel (zero_counts) and starts the gating kernel as its programmatic dependent (sm_90 on; see
 // launch_gating_kernel): the gating kernel's blocks may then run while the zeroing is still on its
-// way, and griddepcontrol.wait, here, is the one point that has to come after it. It returns once
-// the zeroing kernel has finished and its stores are visible; when the kernel was launched the
-// ordinary way (no zeroing in front, or before sm_90) it returns at once.
+// way, and the wait here is the one point that has to come after it.
 __device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts) {
   __syncthreads();
   if (counts == nullptr) return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  wait_for_previous_grid();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) {
     if (histogram[e] != 0) atomicAdd(counts + e, histogram[e]);
   }
@@ -258,9 +272,7 @@ __device__ __forceinline__ void flush_histogram(const int* histogram, int num_ex
 // it launch (griddepcontrol.launch_dependents), so that kernel's blocks start loading logits while
 // these 256 threads store zeros; the two launches cost about one (docs/notes/ch04.md, Session 15).
 __global__ void zero_counts(std::int32_t* counts, int num_experts) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
+  allow_dependent_launch();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 0;
 }
 
@@ -286,6 +298,7 @@ struct SoftmaxArgs {
 // the rare rows where packed keys cannot decide.
 template <typename T, int L, int N, int V>
 __global__ void __launch_bounds__(kThreads) fused_softmax_topk_v3(const T* __restrict__ logits, SoftmaxArgs a) {
+  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
   constexpr int kRounds = 32 < L * N ? 32 : L * N;  // k <= min(E, 32) <= L * N
   constexpr int kSlots = kRounds / L;               // output slots a lane stores
   __shared__ int histogram[kMaxExperts];
@@ -644,6 +657,7 @@ template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean 
           Rounds kSelection = Rounds::redux_top2>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
+  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
   constexpr bool kWinnersInShared = kLean && L == 32;
   constexpr int kIdBits = id_bits<L, N>();
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
@@ -828,6 +842,7 @@ __device__ __forceinline__ int padded(int e) { return e + e / 32; }
 //     dependent reads).
 template <typename T, int N, int V>
 __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
+  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
   constexpr int L = 32;
   constexpr int kChunks = N / V;  // V-vectors a lane holds
   __shared__ int histogram[kMaxExperts];
@@ -962,6 +977,39 @@ __global__ void __launch_bounds__(kThreads)
   flush_histogram(histogram, num_experts, counts);
 }
 
+// The separate counting kernel for small launches: one block counts every id and stores the counts
+// outright, so nothing has to zero them first and no atomic leaves the SM. It is launched as the
+// gating kernel's programmatic dependent, so its launch overlaps the gating kernel, and it waits
+// for the ids only when it needs them. Used up to kOneBlockCountLimit ids, where one SM reads them
+// (from L2, just written) in about a microsecond; beyond that count_experts spreads the work.
+constexpr int kOneBlockCountThreads = 1024;
+constexpr std::int64_t kOneBlockCountLimit = 65536;
+
+__global__ void __launch_bounds__(kOneBlockCountThreads)
+    count_experts_one_block(const std::int32_t* __restrict__ ids, int count, int num_experts,
+                            std::int32_t* __restrict__ counts) {
+  __shared__ int histogram[kMaxExperts];
+  clear_histogram(histogram, num_experts);
+  wait_for_previous_grid();  // the ids are the gating kernel's output
+  // Eight loads in flight a thread before their eight shared-memory atomics.
+  constexpr int kBatch = 8;
+  const int step = kBatch * static_cast<int>(blockDim.x);
+  for (int base = static_cast<int>(threadIdx.x); base < count; base += step) {
+    int id[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = base + j * static_cast<int>(blockDim.x);
+      id[j] = i < count ? ids[i] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (id[j] >= 0) atomicAdd(histogram + id[j], 1);
+    }
+  }
+  __syncthreads();
+  for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = histogram[e];
+}
+
 // Bytes of Version 5's winners table for top-k: each warp of a block keeps k + 1 rows of 32 words
 // (one column a lane) in the dynamic shared memory; 33.8 KB at k = 32, 9.2 KB at k = 8.
 constexpr std::size_t winners_table_bytes(int k) {
@@ -1002,25 +1050,31 @@ struct LaunchOn {
   bool after_zeroing;  // counts are zeroed just before it, and the GPU is sm_90 or later
 };
 
-// Launches one fused kernel of kThreads threads a block. After a zero_counts launch on sm_90 it goes
-// with the attribute "programmatic stream serialization": the GPU may start its blocks as soon as
-// zero_counts has started (its launch_dependents), instead of after it has finished; the kernel
-// waits for the zeros only where it needs them (flush_histogram). Chapter 7 uses the same mechanism
-// between GEMMs and explains it in full.
+// Launches `kernel`, as the programmatic dependent of the kernel before it on `stream` when
+// `dependent` (the attribute "programmatic stream serialization"; see allow_dependent_launch).
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), unsigned blocks, unsigned threads, std::size_t shared_bytes,
+                   cudaStream_t stream, bool dependent, Args&&... args) {
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = dependent ? 1 : 0;
+  check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Launches one fused kernel of kThreads threads a block. After a zero_counts launch on sm_90 it is
+// that launch's programmatic dependent: its blocks may start as soon as zero_counts has started,
+// and they wait for the zeros only where they need them (flush_histogram).
 template <typename... Params, typename... Args>
 void launch_gating_kernel(void (*kernel)(Params...), unsigned blocks, std::size_t shared_bytes, const LaunchOn& on,
                           Args&&... args) {
-  cudaLaunchAttribute dependent[1] = {};
-  dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = on.stream;
-  config.attrs = dependent;
-  config.numAttrs = on.after_zeroing ? 1 : 0;
-  check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  launch_kernel(kernel, blocks, kThreads, shared_bytes, on.stream, on.after_zeroing, std::forward<Args>(args)...);
 }
 
 // Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
@@ -1116,12 +1170,16 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   }
   if (p.num_tokens == 0) return;
   std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
+  const std::int64_t count = p.num_tokens * p.k;  // ids to count
+  // Separate counting of a small launch: one block stores the counts outright, nothing to zero.
+  const bool count_in_one_block =
+      out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kOneBlockCountLimit;
   LaunchOn on{stream, false};
   if (kernel_counts != nullptr && kZeroing == Zeroing::dependent_kernel) {
     zero_counts<<<1, kThreads, 0, stream>>>(kernel_counts, p.num_experts);
     check_launch();
     on.after_zeroing = dependent_launch_supported();
-  } else if (out.counts != nullptr) {
+  } else if (out.counts != nullptr && !count_in_one_block) {
     check(cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
   }
 
@@ -1159,8 +1217,10 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
     }
   }
   check_launch();
-  if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
-    const std::int64_t count = p.num_tokens * p.k;
+  if (count_in_one_block) {
+    launch_kernel(count_experts_one_block, 1, kOneBlockCountThreads, 0, stream, dependent_launch_supported(),
+                  static_cast<const std::int32_t*>(out.ids), static_cast<int>(count), p.num_experts, out.counts);
+  } else if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
     const unsigned blocks = grid_for(count, kThreads, 8);
     count_experts<<<blocks, kThreads, 0, stream>>>(out.ids, count, p.num_experts, out.counts);
     check_launch();
