@@ -980,8 +980,9 @@ __global__ void __launch_bounds__(kThreads)
 // The separate counting kernel for small launches: one block counts every id and stores the counts
 // outright, so nothing has to zero them first and no atomic leaves the SM. It is launched as the
 // gating kernel's programmatic dependent, so its launch overlaps the gating kernel, and it waits
-// for the ids only when it needs them. Used up to kOneBlockCountLimit ids, where one SM reads them
-// (from L2, just written) in about a microsecond; beyond that count_experts spreads the work.
+// for the ids only when it needs them. One SM's counting grows with the ids (several microseconds
+// at 32 Ki); up to kOneBlockCountLimit ids it still beats a memset plus count_experts' many blocks
+// and atomics (docs/notes/ch04.md, Session 15), beyond that count_experts spreads the work.
 constexpr int kOneBlockCountThreads = 1024;
 constexpr std::int64_t kOneBlockCountLimit = 65536;
 
