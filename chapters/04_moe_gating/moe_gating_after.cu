@@ -270,7 +270,8 @@ __device__ __forceinline__ void flush_histogram(const int* histogram, int num_ex
 
 // Zeroes counts[0, E) for the fused kernels' atomics. Its first instruction lets the kernel behind
 // it launch (griddepcontrol.launch_dependents), so that kernel's blocks start loading logits while
-// these 256 threads store zeros; the two launches cost about one (docs/notes/ch04.md, Session 15).
+// these 256 threads store zeros. That hides the zeroing's run time, not its own launch, which still
+// comes first: compare `after` with `after_no_counts` at T = 16 (docs/notes/ch04.md, Session 15).
 __global__ void zero_counts(std::int32_t* counts, int num_experts) {
   allow_dependent_launch();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 0;
