@@ -17,8 +17,11 @@
 // Inputs rotate over enough sets to exceed twice the L2.
 //
 // Timing: a batch of launches captured once into a CUDA graph, the graph replayed between two
-// events, the L2 flushed before each replay (every launch of a replay reads inputs no launch has
-// touched since the flush). A router launch takes microseconds, less than the host needs to
+// events, the L2 emptied before each replay by reading a buffer twice its size (every launch of a
+// replay reads inputs no launch has touched since). A read, not kc::bench::L2Flusher's memset: a
+// memset leaves the L2 full of dirty lines, and their write-back to DRAM then lands inside the
+// timed replay (Session 15 measured the copy at T = 65536 at 28.7 µs after a memset flush against
+// 22.4 µs timed without one; docs/notes/ch04.md). A router launch takes microseconds, less than the host needs to
 // enqueue it (a launch through the runtime costs the CPU a few microseconds); timed as a stream of
 // ordinary launches, a batch measures how fast the host enqueues, once the GPU has caught up with
 // it. A graph is enqueued once, and it is how inference engines run the layer anyway. The tuning
@@ -70,8 +73,41 @@ enum class Variant {
 // How a batch of launches is timed (the file's header says why the graph).
 enum class Timing { graph, stream };
 
-// Times `batch` calls of launch(i) captured once into a CUDA graph: each pass flushes the L2, then
-// replays the graph between two events (EventTimer::time_graph). Google Benchmark counts a pass as
+// Reads `count` 16-byte words and folds them into one value, stored only if it has a value the
+// buffer's zeros never give: the loads cannot be dropped, and nothing is written.
+__global__ void read_to_evict(const int4* __restrict__ words, std::size_t count, int* __restrict__ sink) {
+  int folded = 0;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    const int4 w = __ldcg(words + i);  // cached in L2 only: the point is to fill the L2
+    folded |= w.x | w.y | w.z | w.w;
+  }
+  if (folded == 1) *sink = folded;
+}
+
+// Empties the L2 of the timed launches' data without leaving dirty lines: reads a zeroed buffer of
+// twice the L2's size, so every line the L2 held is replaced by a clean one (a dirty line is
+// written back during the read, outside the timed region).
+class L2Evictor {
+ public:
+  explicit L2Evictor(const kc::DeviceInfo& device)
+      : words_(2 * device.l2_bytes / sizeof(int4)), sink_(1), blocks_(4 * static_cast<unsigned>(device.sm_count)) {
+    kc::check(cudaMemset(words_.data(), 0, words_.size() * sizeof(int4)));
+    kc::check(cudaDeviceSynchronize());
+  }
+  void evict(cudaStream_t stream) {
+    read_to_evict<<<blocks_, 256, 0, stream>>>(words_.data(), words_.size(), sink_.data());
+    kc::check_launch();
+  }
+
+ private:
+  kc::DeviceBuffer<int4> words_;
+  kc::DeviceBuffer<int> sink_;
+  unsigned blocks_;
+};
+
+// Times `batch` calls of launch(i) captured once into a CUDA graph: each pass empties the L2 (a read,
+// L2Evictor), then replays the graph between two events (EventTimer::time_graph). Google Benchmark counts a pass as
 // `batch` iterations, so it reports the time per launch.
 template <typename LaunchFn>
 void time_graph_batches(benchmark::State& state, const kc::DeviceInfo& device, cudaStream_t stream, int batch,
@@ -84,10 +120,10 @@ void time_graph_batches(benchmark::State& state, const kc::DeviceInfo& device, c
   kc::check(cudaGraphInstantiate(&exec, graph, 0));
   kc::check(cudaGraphLaunch(exec, stream));  // warm-up: uploads the graph
   kc::check(cudaStreamSynchronize(stream));
-  kc::bench::L2Flusher flusher(device);
+  L2Evictor evictor(device);
   kc::EventTimer timer;
   while (state.KeepRunningBatch(batch)) {
-    flusher.flush(stream);
+    evictor.evict(stream);
     state.SetIterationTime(timer.time_graph(exec, stream, 1) * 1e-3);
   }
   kc::check(cudaGraphExecDestroy(exec));
