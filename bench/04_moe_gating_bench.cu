@@ -32,8 +32,10 @@
 // ch04/tune_fused_v4 (the packed-key kernel, Version 4), ch04/tune_fused_v4_prefetch (the same with
 // the row after next prefetched to L2), ch04/tune_fused_v5 (Version 5, fewer ALU instructions a row:
 // `after`), ch04/tune_fused_v5_shuffle_max (Version 5 with the rounds' max by shuffles, not
-// redux.sync), ch04/tune_fused_v5_memset (Version 5 with the counts zeroed by cudaMemsetAsync, as
-// before Session 15), ch04/tune_fused_v5_no_counts, ch04/tune_limit, and
+// redux.sync), ch04/tune_fused_v5_ordinary (Version 5 launched the ordinary way, the counts zeroed by
+// cudaMemsetAsync, as before Session 15), ch04/tune_fused_v5_no_counts and
+// ch04/tune_fused_v5_ordinary_no_counts (weights and ids only, launched early and the ordinary way),
+// ch04/tune_limit, and
 // ch04/tune_fused_v5_stream_timed and ch04/tune_limit_stream_timed (timed as ordinary launches, not a
 // graph), at T = 65536, 4096 and 16, E = 256, k = 8, so one run compares them.
 #include <cstdint>
@@ -67,7 +69,8 @@ enum class Variant {
   fused_v4,
   fused_v4_prefetch,
   fused_v5_shuffle_max,
-  fused_v5_memset
+  fused_v5_ordinary,
+  fused_v5_ordinary_no_counts
 };
 
 // How a batch of launches is timed (the file's header says why the graph).
@@ -171,7 +174,11 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::after_no_counts:
         kc::ch04::gating_after(p, set_logits, bias_ptr, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr}, stream);
         break;
-      case Variant::fused_v5_memset: kc::ch04::tune::gating_after_v5_memset(p, set_logits, out, stream); break;
+      case Variant::fused_v5_ordinary: kc::ch04::tune::gating_after_v5_ordinary(p, set_logits, out, stream); break;
+      case Variant::fused_v5_ordinary_no_counts:
+        kc::ch04::tune::gating_after_v5_ordinary(p, set_logits, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr},
+                                                 stream);
+        break;
       case Variant::fused_v3: kc::ch04::tune::gating_after_v3(p, set_logits, out, stream); break;
       case Variant::fused_v4_prefetch: kc::ch04::tune::gating_after_prefetch_l2(p, set_logits, out, stream); break;
       case Variant::fused_v4: kc::ch04::tune::gating_after_v4(p, set_logits, out, stream); break;
@@ -286,8 +293,9 @@ void register_tuning(const kc::DeviceInfo& device) {
                     {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch, Timing::graph},
                     {"tune_fused_v5", Variant::after_fused, Timing::graph},
                     {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max, Timing::graph},
-                    {"tune_fused_v5_memset", Variant::fused_v5_memset, Timing::graph},
+                    {"tune_fused_v5_ordinary", Variant::fused_v5_ordinary, Timing::graph},
                     {"tune_fused_v5_no_counts", Variant::after_no_counts, Timing::graph},
+                    {"tune_fused_v5_ordinary_no_counts", Variant::fused_v5_ordinary_no_counts, Timing::graph},
                     {"tune_limit", Variant::limit, Timing::graph},
                     {"tune_fused_v5_stream_timed", Variant::after_fused, Timing::stream},
                     {"tune_limit_stream_timed", Variant::limit, Timing::stream}};

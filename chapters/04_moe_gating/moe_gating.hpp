@@ -185,17 +185,17 @@ void gating_after_v4(const GatingParams& params, const float* logits, const Gati
 void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
                                  cudaStream_t stream = nullptr);
 
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, through
-/// Version 5, with the counts zeroed by `cudaMemsetAsync` and the kernel launched after it the
-/// ordinary way (how `after` zeroed them before its one-block zeroing kernel with a programmatic
-/// dependent launch). Outputs equal gating_after()'s bit for bit. Softmax scorings only; throws
-/// kc::InvalidArgument for deepseek_v3, bad @p params, or more than 2^30 logits.
+/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none,
+/// when out.counts is null), through Version 5 launched the ordinary way: the counts zeroed by
+/// `cudaMemsetAsync`, the kernel launched after it with no programmatic dependent launch (how
+/// `after` ran before Session 15). Outputs equal gating_after()'s bit for bit. Softmax scorings
+/// only; throws kc::InvalidArgument for deepseek_v3, bad @p params, or more than 2^30 logits.
 /// @param params shape and options
 /// @param logits [T, E] fp32 logits
 /// @param out outputs
 /// @param stream the stream to enqueue on
-void gating_after_v5_memset(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                            cudaStream_t stream = nullptr);
+void gating_after_v5_ordinary(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                              cudaStream_t stream = nullptr);
 
 }  // namespace tune
 

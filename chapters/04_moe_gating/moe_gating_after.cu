@@ -253,26 +253,29 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+// The first two instructions of every gating kernel (launched early, as its predecessor's
+// programmatic dependent: launch_gating_kernel). The kernel behind this one may launch now; then
+// wait for the kernel before this one, which may still be writing the logits (or, for zero_counts,
+// reading the counts it is about to zero) — the wait is where the launch's head start ends.
+__device__ __forceinline__ void start_as_dependent() {
+  allow_dependent_launch();
+  wait_for_previous_grid();
+}
+
 // Shared-memory histogram of a block's choices, flushed to counts with at most E atomics.
-//
-// The counts must be zero before the first atomic lands. The launch zeroes them with a one-block
-// kernel (zero_counts) and starts the gating kernel as its programmatic dependent (sm_90 on; see
-// launch_gating_kernel): the gating kernel's blocks may then run while the zeroing is still on its
-// way, and the wait here is the one point that has to come after it.
 __device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts) {
   __syncthreads();
   if (counts == nullptr) return;
-  wait_for_previous_grid();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) {
     if (histogram[e] != 0) atomicAdd(counts + e, histogram[e]);
   }
 }
 
-// Zeroes counts[0, E) for the fused kernels' atomics. Its first instruction lets the kernel behind
-// it launch (griddepcontrol.launch_dependents), so that kernel's blocks start loading logits while
-// these 256 threads store zeros; the two launches cost about one (docs/notes/ch04.md, Session 15).
+// Zeroes counts[0, E) for the fused kernels' atomics: a kernel, not a cudaMemsetAsync, so that it
+// too can be launched early, as its predecessor's programmatic dependent, and let the gating kernel
+// launch early behind it (docs/notes/ch04.md, Session 15).
 __global__ void zero_counts(std::int32_t* counts, int num_experts) {
-  allow_dependent_launch();
+  start_as_dependent();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 0;
 }
 
@@ -298,7 +301,7 @@ struct SoftmaxArgs {
 // the rare rows where packed keys cannot decide.
 template <typename T, int L, int N, int V>
 __global__ void __launch_bounds__(kThreads) fused_softmax_topk_v3(const T* __restrict__ logits, SoftmaxArgs a) {
-  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
+  start_as_dependent();
   constexpr int kRounds = 32 < L * N ? 32 : L * N;  // k <= min(E, 32) <= L * N
   constexpr int kSlots = kRounds / L;               // output slots a lane stores
   __shared__ int histogram[kMaxExperts];
@@ -657,7 +660,7 @@ template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean 
           Rounds kSelection = Rounds::redux_top2>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
-  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
+  start_as_dependent();
   constexpr bool kWinnersInShared = kLean && L == 32;
   constexpr int kIdBits = id_bits<L, N>();
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
@@ -842,7 +845,7 @@ __device__ __forceinline__ int padded(int e) { return e + e / 32; }
 //     dependent reads).
 template <typename T, int N, int V>
 __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
-  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
+  start_as_dependent();
   constexpr int L = 32;
   constexpr int kChunks = N / V;  // V-vectors a lane holds
   __shared__ int histogram[kMaxExperts];
@@ -990,6 +993,7 @@ __global__ void __launch_bounds__(kOneBlockCountThreads)
     count_experts_one_block(const std::int32_t* __restrict__ ids, int count, int num_experts,
                             std::int32_t* __restrict__ counts) {
   __shared__ int histogram[kMaxExperts];
+  allow_dependent_launch();
   clear_histogram(histogram, num_experts);
   wait_for_previous_grid();  // the ids are the gating kernel's output
   // Eight loads in flight a thread before their eight shared-memory atomics.
@@ -1044,11 +1048,11 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std:
   return blocks;
 }
 
-// Where a fused kernel is launched: its stream, and whether it follows a zero_counts launch as that
-// launch's programmatic dependent.
+// Where a fused kernel is launched: its stream, and whether as its predecessor's programmatic
+// dependent.
 struct LaunchOn {
   cudaStream_t stream;
-  bool after_zeroing;  // counts are zeroed just before it, and the GPU is sm_90 or later
+  bool early;  // programmatic dependent launch (Launching::early on sm_90 or later)
 };
 
 // Launches `kernel`, as the programmatic dependent of the kernel before it on `stream` when
@@ -1069,13 +1073,14 @@ void launch_kernel(void (*kernel)(Params...), unsigned blocks, unsigned threads,
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
-// Launches one fused kernel of kThreads threads a block. After a zero_counts launch on sm_90 it is
-// that launch's programmatic dependent: its blocks may start as soon as zero_counts has started,
-// and they wait for the zeros only where they need them (flush_histogram).
+// Launches one fused kernel of kThreads threads a block, early when `on.early`: the GPU may then
+// schedule its blocks while the kernel before it is still running (each block waits at its top,
+// start_as_dependent), so the launch's own latency is hidden behind that kernel instead of added
+// after it.
 template <typename... Params, typename... Args>
 void launch_gating_kernel(void (*kernel)(Params...), unsigned blocks, std::size_t shared_bytes, const LaunchOn& on,
                           Args&&... args) {
-  launch_kernel(kernel, blocks, kThreads, shared_bytes, on.stream, on.after_zeroing, std::forward<Args>(args)...);
+  launch_kernel(kernel, blocks, kThreads, shared_bytes, on.stream, on.early, std::forward<Args>(args)...);
 }
 
 // Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
@@ -1145,11 +1150,12 @@ void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, const LaunchOn& o
   }
 }
 
-// How the fused counts are zeroed before the kernel's atomics.
-enum class Zeroing {
-  dependent_kernel,  // zero_counts, and the gating kernel as its programmatic dependent: `after`
-  memset,            // cudaMemsetAsync, then the gating kernel the ordinary way (the tuning row
-                     // ch04/tune_fused_v5_memset; Version 5 before Session 15)
+// How a launch's kernels are launched.
+enum class Launching {
+  early,     // `after`: each kernel as its predecessor's programmatic dependent (sm_90 on), the
+             // fused counts zeroed by zero_counts
+  ordinary,  // the ordinary way, the counts zeroed by cudaMemsetAsync (the tuning rows
+             // ch04/tune_fused_v5_ordinary*; Version 5 before Session 15)
 };
 
 // Programmatic dependent launch needs sm_90 (griddepcontrol); older GPUs run the same two kernels
@@ -1161,7 +1167,7 @@ bool dependent_launch_supported() {
   return major >= 9;
 }
 
-template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after, Zeroing kZeroing = Zeroing::dependent_kernel>
+template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after, Launching kLaunching = Launching::early>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
   validate_gating(p, logits, bias, out);
@@ -1175,11 +1181,9 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   // Separate counting of a small launch: one block stores the counts outright, nothing to zero.
   const bool count_in_one_block =
       out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kOneBlockCountLimit;
-  LaunchOn on{stream, false};
-  if (kernel_counts != nullptr && kZeroing == Zeroing::dependent_kernel) {
-    zero_counts<<<1, kThreads, 0, stream>>>(kernel_counts, p.num_experts);
-    check_launch();
-    on.after_zeroing = dependent_launch_supported();
+  const LaunchOn on{stream, kLaunching == Launching::early && dependent_launch_supported()};
+  if (kernel_counts != nullptr && kLaunching == Launching::early) {
+    launch_kernel(zero_counts, 1, kThreads, 0, stream, on.early, kernel_counts, p.num_experts);
   } else if (out.counts != nullptr && !count_in_one_block) {
     check(cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
   }
@@ -1219,7 +1223,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   }
   check_launch();
   if (count_in_one_block) {
-    launch_kernel(count_experts_one_block, 1, kOneBlockCountThreads, 0, stream, dependent_launch_supported(),
+    launch_kernel(count_experts_one_block, 1, kOneBlockCountThreads, 0, stream, on.early,
                   static_cast<const std::int32_t*>(out.ids), static_cast<int>(count), p.num_experts, out.counts);
   } else if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
     const unsigned blocks = grid_for(count, kThreads, 8);
@@ -1257,7 +1261,7 @@ void gating_after_v4(const GatingParams& params, const float* logits, const Gati
 }
 
 // A Version 5 tuning kernel: Version 5's own rule (at most 2^30 logits) after the common checks.
-template <SoftmaxKernel kKernel, Zeroing kZeroing = Zeroing::dependent_kernel>
+template <SoftmaxKernel kKernel, Launching kLaunching = Launching::early>
 void gating_after_version5_tuning(const GatingParams& params, const float* logits, const GatingOutputs& out,
                                   cudaStream_t stream) {
   validate_gating(params, logits, nullptr, out);
@@ -1265,7 +1269,7 @@ void gating_after_version5_tuning(const GatingParams& params, const float* logit
     throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
                           std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
   }
-  gating_after_impl<float, kKernel, kZeroing>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+  gating_after_impl<float, kKernel, kLaunching>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
 void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
@@ -1273,9 +1277,9 @@ void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits
   gating_after_version5_tuning<SoftmaxKernel::version5_shuffle_max>(params, logits, out, stream);
 }
 
-void gating_after_v5_memset(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                            cudaStream_t stream) {
-  gating_after_version5_tuning<SoftmaxKernel::version5, Zeroing::memset>(params, logits, out, stream);
+void gating_after_v5_ordinary(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                              cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version5, Launching::ordinary>(params, logits, out, stream);
 }
 
 }  // namespace tune
