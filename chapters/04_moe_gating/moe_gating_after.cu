@@ -843,8 +843,20 @@ __device__ __forceinline__ int padded(int e) { return e + e / 32; }
 //     merge them (3 steps for groups of 32 fp32 experts), all in registers;
 //   - any other group size: through shared memory, lane g < n_group scans group g (E / n_group
 //     dependent reads).
+//
+// Blocks an SM must be able to hold (the second number of __launch_bounds__, which caps the
+// registers): four for fp32 logits in 16-byte vectors at E <= 256, i.e. 64 registers, so that 32
+// warps an SM hold DeepSeek-V3's T = 4096 rows in one pass (at 80 registers three blocks fit and a
+// third of the warps ran a second row). ptxas reaches 64 there without spilling; the other
+// instances (bf16, unaligned rows, E > 256) would spill, so they keep no minimum.
 template <typename T, int N, int V>
-__global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
+constexpr int deepseek_min_blocks() {
+  return std::is_same_v<T, float> && N == 8 && V == 4 ? 4 : 1;
+}
+
+template <typename T, int N, int V>
+__global__ void __launch_bounds__(kThreads, deepseek_min_blocks<T, N, V>())
+    fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
   start_as_dependent();
   constexpr int L = 32;
   constexpr int kChunks = N / V;  // V-vectors a lane holds
@@ -861,13 +873,14 @@ __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restric
   const int groups_per_chunk = butterfly ? L / lanes_per_group : 1;
   // e / group_size as a multiply and a shift: exact for e, group_size <= 512 (error < 512 / 2^20).
   const unsigned group_reciprocal = ((1u << 20) + static_cast<unsigned>(group_size) - 1) / group_size;
-  // Per lane and the same for every row: the bias of each held expert.
-  float bias[N];
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const int e = expert_of<L, V>(j, lane);
-    bias[j] = (a.bias != nullptr && e < a.num_experts) ? a.bias[e] : 0.0f;
+  // The bias, the same for every row, in shared memory rather than N registers a lane: at 64
+  // registers four blocks fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp.
+  __shared__ float bias_of[kMaxExperts];
+  for (int e = static_cast<int>(threadIdx.x); e < a.num_experts; e += blockDim.x) {
+    bias_of[e] = a.bias != nullptr ? a.bias[e] : 0.0f;
   }
+  __syncthreads();
+  const float* lane_bias = bias_of + lane * V;  // value j of this lane: lane_bias[(j / V) * L * V + j % V]
 
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -877,7 +890,8 @@ __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restric
     // The selection key sigmoid(logit) + bias; padding stays taken.
     unsigned key[N];
     to_keys<L, N, V>(
-        x, true, a.num_experts, lane, [&](float v, int j) { return detail::sigmoid(v) + bias[j]; }, key);
+        x, true, a.num_experts, lane,
+        [&](float v, int j) { return detail::sigmoid(v) + lane_bias[(j / V) * L * V + j % V]; }, key);
     const std::int64_t next = row + warps;
     load_row<T, L, N, V>(logits + next * a.num_experts, next < a.num_tokens, a.num_experts, lane, x);
 
