@@ -295,6 +295,7 @@ enum class Path {
   after_fused,
   after_separate,
   after_no_counts,
+  after_automatic,
   tune_prefetch_l2,
   tune_v4,
   tune_v5_shuffle_max,
@@ -306,6 +307,7 @@ const char* path_name(Path p) {
     case Path::after_fused: return "after_counts_fused";
     case Path::after_separate: return "after_counts_separate";
     case Path::after_no_counts: return "after_no_counts";
+    case Path::after_automatic: return "after_counts_automatic";
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
     case Path::tune_v4: return "tune_v4";
     case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
@@ -334,6 +336,8 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
     } else {
       FAIL() << "the tuning candidates take fp32 logits only";
     }
+  } else if (path == Path::after_automatic) {
+    kc::ch04::gating_after(p, logits, bias, out, stream);  // CountMode::automatic, the default
   } else if (path == Path::after_no_counts) {
     kc::ch04::gating_after(p, logits, bias, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr}, stream);
   } else {
@@ -386,7 +390,8 @@ const int kKs[] = {1, 2, 6, 8, 32};
 
 TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before, Path::tune_v4}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before,
+                    Path::tune_v4}) {
     for (int e : kExperts) {
       for (int k : kKs) {
         if (k > e) continue;
@@ -491,7 +496,8 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
 
 TEST_F(MoeGatingGpu, DeepSeekV3) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before}) {
+  for (Path path :
+       {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before}) {
     for (const GatingParams& shape :
          {dsv3_params(1), dsv3_params(7), dsv3_params(4096), dsv3_params(7, 64, 6, 8, 3), dsv3_params(7, 384, 8, 8, 4),
           dsv3_params(7, 512, 32, 16, 8), dsv3_params(7, 8, 2, 4, 2), dsv3_params(7, 160, 8, 1, 1)}) {
@@ -566,7 +572,7 @@ __global__ void late_producer(const float* source, float* logits, std::size_t co
 // kernel before it here writes both 50 µs after it let them launch.
 TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_automatic}) {
     for (const GatingParams& p : {softmax_params(4099, 256, 8, true), softmax_params(333, 8, 2, false),
                                   softmax_params(1000, 60, 6, true), dsv3_params(515)}) {
       SCOPED_TRACE(std::string(path_name(path)) + " E=" + std::to_string(p.num_experts) +
@@ -588,7 +594,9 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
       kc::check(cudaGetLastError());
       kc::ch04::gating_after(p, logits.data(), bias.empty() ? nullptr : d_bias.data(),
                              {weights.data(), ids.data(), counts.data()}, nullptr,
-                             path == Path::after_fused ? CountMode::fused_atomics : CountMode::separate_kernel);
+                             path == Path::after_fused      ? CountMode::fused_atomics
+                             : path == Path::after_separate ? CountMode::separate_kernel
+                                                            : CountMode::automatic);
       kc::check(cudaDeviceSynchronize());
       const std::vector<double> bias64(bias.begin(), bias.end());
       const GatingReference ref = kc::ch04::gating_reference(p, widen(host), bias64);
@@ -602,7 +610,8 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
 
 TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before}) {
+  for (Path path :
+       {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before}) {
     for (int e : {8, 256}) {
       SCOPED_TRACE(std::string(path_name(path)) + " E=" + std::to_string(e));
       const GatingParams p = softmax_params(4099, e, std::min(e, 8));

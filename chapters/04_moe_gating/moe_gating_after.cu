@@ -35,6 +35,8 @@
 // exp once, and one segment sum (5 shuffles at L = 32) gives the renormalising denominator. The full
 // softmax denominator (softmax_then_topk without renormalisation) needs exp over all E values
 // instead; topk_then_softmax is the renormalised case.
+#include <cooperative_groups.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -847,11 +849,16 @@ __device__ __forceinline__ int padded(int e) { return e + e / 32; }
 // Blocks an SM must be able to hold (the second number of __launch_bounds__, which caps the
 // registers): four for fp32 logits in 16-byte vectors at E <= 256, i.e. 64 registers, so that 32
 // warps an SM hold DeepSeek-V3's T = 4096 rows in one pass (at 80 registers three blocks fit and a
-// third of the warps ran a second row). ptxas reaches 64 there without spilling; the other
-// instances (bf16, unaligned rows, E > 256) would spill, so they keep no minimum.
+// third of the warps ran a second row). ptxas for sm_90 reaches 64 there without spilling; the
+// other instances (bf16, unaligned rows, E > 256), and sm_80's code, would spill, so they keep no
+// minimum.
 template <typename T, int N, int V>
 constexpr int deepseek_min_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return 1;
+#else
   return std::is_same_v<T, float> && N == 8 && V == 4 ? 4 : 1;
+#endif
 }
 
 template <typename T, int N, int V>
@@ -994,39 +1001,77 @@ __global__ void __launch_bounds__(kThreads)
   flush_histogram(histogram, num_experts, counts);
 }
 
-// The separate counting kernel for small launches: one block counts every id and stores the counts
-// outright, so nothing has to zero them first and no atomic leaves the SM. It is launched as the
+// The separate counting kernels for small launches (up to kSmallCountLimit ids) store the counts
+// outright, so nothing has to zero them first and no atomic leaves the SM. Each is launched as the
 // gating kernel's programmatic dependent, so its launch overlaps the gating kernel, and it waits
-// for the ids only when it needs them. One SM's counting grows with the ids (several microseconds
-// at 32 Ki); up to kOneBlockCountLimit ids it still beats a memset plus count_experts' many blocks
-// and atomics (docs/notes/ch04.md, Session 15), beyond that count_experts spreads the work.
-constexpr int kOneBlockCountThreads = 1024;
-constexpr std::int64_t kOneBlockCountLimit = 65536;
+// for the ids only when it needs them.
+constexpr int kCountThreads = 1024;
+constexpr std::int64_t kSmallCountLimit = 65536;
+// sm_90: a cluster of this many blocks shares out the ids, and block 0 of the cluster sums their
+// histograms through distributed shared memory. One block alone spent several microseconds on
+// 32 Ki ids (docs/notes/ch04.md, Session 15), most of it in shared-memory atomics.
+constexpr int kCountClusterBlocks = 8;
 
-__global__ void __launch_bounds__(kOneBlockCountThreads)
-    count_experts_one_block(const std::int32_t* __restrict__ ids, int count, int num_experts,
-                            std::int32_t* __restrict__ counts) {
-  __shared__ int histogram[kMaxExperts];
-  allow_dependent_launch();
-  clear_histogram(histogram, num_experts);
-  wait_for_previous_grid();  // the ids are the gating kernel's output
-  // Eight loads in flight a thread before their eight shared-memory atomics.
+// Adds ids [begin, end) to a block's shared histogram, eight loads in flight a thread before their
+// eight shared-memory atomics.
+__device__ __forceinline__ void count_ids(int* histogram, const std::int32_t* __restrict__ ids, int begin, int end) {
   constexpr int kBatch = 8;
   const int step = kBatch * static_cast<int>(blockDim.x);
-  for (int base = static_cast<int>(threadIdx.x); base < count; base += step) {
+  for (int base = begin + static_cast<int>(threadIdx.x); base < end; base += step) {
     int id[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int i = base + j * static_cast<int>(blockDim.x);
-      id[j] = i < count ? ids[i] : -1;
+      id[j] = i < end ? ids[i] : -1;
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       if (id[j] >= 0) atomicAdd(histogram + id[j], 1);
     }
   }
+}
+
+// Before sm_90: one block counts every id.
+__global__ void __launch_bounds__(kCountThreads)
+    count_experts_one_block(const std::int32_t* __restrict__ ids, int count, int num_experts,
+                            std::int32_t* __restrict__ counts) {
+  __shared__ int histogram[kMaxExperts];
+  allow_dependent_launch();
+  clear_histogram(histogram, num_experts);
+  wait_for_previous_grid();  // the ids are the gating kernel's output
+  count_ids(histogram, ids, 0, count);
   __syncthreads();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = histogram[e];
+}
+
+// sm_90: one cluster of kCountClusterBlocks blocks (launched with that cluster size). Block r counts
+// the r-th share of the ids into its own shared histogram; after a cluster barrier block 0 reads the
+// other blocks' histograms (cluster.map_shared_rank: an address in another block's shared memory),
+// sums them and stores the counts; a second barrier keeps every block, and so its shared memory,
+// alive until block 0 has read it.
+__global__ void __launch_bounds__(kCountThreads)
+    count_experts_cluster(const std::int32_t* __restrict__ ids, int count, int num_experts,
+                          std::int32_t* __restrict__ counts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ int histogram[kMaxExperts];
+  allow_dependent_launch();
+  clear_histogram(histogram, num_experts);
+  wait_for_previous_grid();  // the ids are the gating kernel's output
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int share = (count + kCountClusterBlocks - 1) / kCountClusterBlocks;
+  count_ids(histogram, ids, min(count, rank * share), min(count, (rank + 1) * share));
+  cluster.sync();  // every block's histogram is complete and visible to the cluster
+  if (rank == 0) {
+    for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) {
+      int sum = 0;
+#pragma unroll
+      for (int r = 0; r < kCountClusterBlocks; ++r) sum += cluster.map_shared_rank(histogram, r)[e];
+      counts[e] = sum;
+    }
+  }
+  cluster.sync();  // no block exits (its shared memory gone) before block 0 has read it
+#endif
 }
 
 // Bytes of Version 5's winners table for top-k: each warp of a block keeps k + 1 rows of 32 words
@@ -1069,21 +1114,41 @@ struct LaunchOn {
   bool early;  // programmatic dependent launch (Launching::early on sm_90 or later)
 };
 
+// The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
+// clusters; more needs sm_90).
+struct KernelShape {
+  unsigned blocks;
+  unsigned threads;
+  std::size_t shared_bytes = 0;
+  unsigned cluster_blocks = 1;
+};
+
 // Launches `kernel`, as the programmatic dependent of the kernel before it on `stream` when
 // `dependent` (the attribute "programmatic stream serialization"; see allow_dependent_launch).
 template <typename... Params, typename... Args>
-void launch_kernel(void (*kernel)(Params...), unsigned blocks, unsigned threads, std::size_t shared_bytes,
-                   cudaStream_t stream, bool dependent, Args&&... args) {
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel(void (*kernel)(Params...), const KernelShape& shape, cudaStream_t stream, bool dependent,
+                   Args&&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (dependent) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (shape.cluster_blocks > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = shape.cluster_blocks;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared_bytes;
+  config.gridDim = dim3(shape.blocks);
+  config.blockDim = dim3(shape.threads);
+  config.dynamicSmemBytes = shape.shared_bytes;
   config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = dependent ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
@@ -1094,7 +1159,7 @@ void launch_kernel(void (*kernel)(Params...), unsigned blocks, unsigned threads,
 template <typename... Params, typename... Args>
 void launch_gating_kernel(void (*kernel)(Params...), unsigned blocks, std::size_t shared_bytes, const LaunchOn& on,
                           Args&&... args) {
-  launch_kernel(kernel, blocks, kThreads, shared_bytes, on.stream, on.early, std::forward<Args>(args)...);
+  launch_kernel(kernel, KernelShape{blocks, kThreads, shared_bytes}, on.stream, on.early, std::forward<Args>(args)...);
 }
 
 // Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
@@ -1185,20 +1250,27 @@ template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after, Launching kL
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
   validate_gating(p, logits, bias, out);
-  if (count_mode != CountMode::fused_atomics && count_mode != CountMode::separate_kernel) {
+  if (count_mode != CountMode::fused_atomics && count_mode != CountMode::separate_kernel &&
+      count_mode != CountMode::automatic) {
     throw InvalidArgument("count_mode (" + std::to_string(static_cast<int>(count_mode)) +
                           ") must be a CountMode value");
   }
   if (p.num_tokens == 0) return;
-  std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
   const std::int64_t count = p.num_tokens * p.k;  // ids to count
+  if (count_mode == CountMode::automatic) {
+    // A small launch's counts cost less in a cluster behind the gating kernel than as a zeroing
+    // launch plus a burst of atomics at the end (docs/notes/ch04.md, Session 15).
+    count_mode = count <= kSmallCountLimit && dependent_launch_supported() ? CountMode::separate_kernel
+                                                                           : CountMode::fused_atomics;
+  }
+  std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
   // Separate counting of a small launch: one block stores the counts outright, nothing to zero.
-  const bool count_in_one_block =
-      out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kOneBlockCountLimit;
+  const bool count_small =
+      out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kSmallCountLimit;
   const LaunchOn on{stream, kLaunching == Launching::early && dependent_launch_supported()};
   if (kernel_counts != nullptr && kLaunching == Launching::early) {
-    launch_kernel(zero_counts, 1, kThreads, 0, stream, on.early, kernel_counts, p.num_experts);
-  } else if (out.counts != nullptr && !count_in_one_block) {
+    launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
+  } else if (out.counts != nullptr && !count_small) {
     check(cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
   }
 
@@ -1236,9 +1308,15 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
     }
   }
   check_launch();
-  if (count_in_one_block) {
-    launch_kernel(count_experts_one_block, 1, kOneBlockCountThreads, 0, stream, on.early,
-                  static_cast<const std::int32_t*>(out.ids), static_cast<int>(count), p.num_experts, out.counts);
+  if (count_small) {
+    const auto small_ids = static_cast<const std::int32_t*>(out.ids);
+    if (dependent_launch_supported()) {  // sm_90: clusters too
+      launch_kernel(count_experts_cluster, KernelShape{kCountClusterBlocks, kCountThreads, 0, kCountClusterBlocks},
+                    stream, on.early, small_ids, static_cast<int>(count), p.num_experts, out.counts);
+    } else {
+      launch_kernel(count_experts_one_block, KernelShape{1, kCountThreads}, stream, false, small_ids,
+                    static_cast<int>(count), p.num_experts, out.counts);
+    }
   } else if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
     const unsigned blocks = grid_for(count, kThreads, 8);
     count_experts<<<blocks, kThreads, 0, stream>>>(out.ids, count, p.num_experts, out.counts);

@@ -933,6 +933,7 @@ template <typename T, bool kVersion3 = false>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
   validate_gating(p, logits, bias, out);
+  if (count_mode == CountMode::automatic) count_mode = CountMode::fused_atomics;
   if (count_mode != CountMode::fused_atomics && count_mode != CountMode::separate_kernel) {
     throw InvalidArgument("count_mode (" + std::to_string(static_cast<int>(count_mode)) +
                           ") must be a CountMode value");
