@@ -23,10 +23,12 @@ import csv
 import io
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kc_profile  # noqa: E402  (where ncu is, and the filter that selects one case)
 
 EXECUTED = "Instructions Executed"
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -123,16 +125,16 @@ def compact(header: list[str], rows: list[list[str]]) -> str:
     return buffer.getvalue()
 
 
-def ncu_path() -> str:
-    return os.environ.get("NCU") or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-
-
 def run(bench: str, case: str, kernel: str | None, out: str) -> int:
-    command = [ncu_path(), "--clock-control", "none", "--launch-count", "1", "--section", "SourceCounters",
+    ncu = kc_profile.find_ncu()
+    if ncu is None:
+        print("ncu_source.py: Nsight Compute (ncu) not found: set NCU or put ncu on PATH", file=sys.stderr)
+        return 2
+    command = [ncu, "--clock-control", "none", "--launch-count", "1", "--section", "SourceCounters",
                "--page", "source", "--print-source", "sass", "--csv"]
     if kernel:
         command += ["--kernel-name", f"regex:{kernel}"]
-    command += [bench, f"--benchmark_filter=^{re.escape(case)}(/|$)", "--benchmark_repetitions=1"]
+    command += [bench, f"--benchmark_filter={kc_profile.benchmark_filter(case)}", "--benchmark_repetitions=1"]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     with open(out, "w", encoding="utf-8") as f:
         f.write(result.stdout)

@@ -31,6 +31,9 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kc_results  # noqa: E402  (the benchmark JSON parser the results tables use)
+
 # clocks_throttle_reasons is the older name of clocks_event_reasons; driver 580 takes it and heads the
 # column with the new name.
 QUERY = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
@@ -124,16 +127,10 @@ def read_samples(text: str) -> list[Sample]:
 
 
 def benchmark_medians(doc: dict) -> dict[str, float]:
-    """Median times in microseconds of a Google Benchmark JSON with aggregates, by run name (without
-    the /min_time and /manual_time suffixes)."""
-    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
-    medians = {}
-    for b in doc.get("benchmarks", []):
-        if b.get("aggregate_name") != "median":
-            continue
-        name = re.sub(r"(/min_time:[^/]*|/manual_time|/real_time)+$", "", b.get("run_name", b.get("name", "")))
-        medians[name] = b["real_time"] * scale[b.get("time_unit", "ns")]
-    return medians
+    """Median times in microseconds of a Google Benchmark JSON, by run name without Google
+    Benchmark's suffixes, read by the results tables' parser (kc_results.parse_benchmark_json)."""
+    parsed = kc_results.parse_benchmark_json(doc, "power_probe")
+    return {m.name: m.time_s * 1e6 for m in parsed.measurements if m.measured}
 
 
 def summarize(name: str, samples: list[Sample], busy_watts: float | None = None,

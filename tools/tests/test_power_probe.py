@@ -26,9 +26,10 @@ CSV = """timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.
 
 BENCH = {"context": {}, "benchmarks": [
     {"name": "ch05/x/caseA/min_time:0.200/manual_time_mean", "run_name": "ch05/x/caseA/min_time:0.200/manual_time",
-     "aggregate_name": "mean", "real_time": 5100.0, "time_unit": "us"},
+     "run_type": "aggregate", "aggregate_name": "mean", "real_time": 5100.0, "time_unit": "us"},
     {"name": "ch05/x/caseA/min_time:0.200/manual_time_median",
-     "run_name": "ch05/x/caseA/min_time:0.200/manual_time", "aggregate_name": "median", "real_time": 5.064,
+     "run_name": "ch05/x/caseA/min_time:0.200/manual_time", "run_type": "aggregate", "aggregate_name": "median",
+     "real_time": 5.064,
      "time_unit": "ms"},
 ]}
 
