@@ -746,8 +746,9 @@ TEST(WarpPrimitiveArguments, MetricsFromSamples) {
   throughput.blocks_per_sm = 2;
   // 2 SMs were asked for 2 blocks each; each warp runs 2 x 16 x 4 = 128 shuffles, a block 8 x 128 =
   // 1024. The scheduler put three blocks on SM 1 (span 500 .. 2036: 3072 shuffles in 1536 cycles,
-  // 2 a clock) and one on SM 0 (1024 in 256 cycles, 4 a clock). Counting every SM as two blocks
-  // over one block's time would give 8 / 3 and 8; the median of the SMs' rates is 4 (upper middle).
+  // 2 a clock) and one on SM 0 (1024 in 256 cycles, 4 a clock). Counting each SM as the two blocks
+  // asked for, over one of its blocks' time, would give 2 and 8; the median of the SMs' rates is 4
+  // (upper middle).
   std::vector<PrimitiveSample> four = {{500, 1524, 1, 0}, {1000, 2036, 1, 0}, {10, 266, 0, 0}, {800, 1800, 1, 0}};
   EXPECT_DOUBLE_EQ(kc::ch04::primitive_ops_per_sm_clock(throughput, 2, four), 4.0);
   four[2] = {10, 522, 0, 0};  // SM 0 at 2 a clock too
