@@ -1256,18 +1256,19 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
                           ") must be a CountMode value");
   }
   if (p.num_tokens == 0) return;
-  const std::int64_t count = p.num_tokens * p.k;  // ids to count
+  const bool sm90_or_later = dependent_launch_supported();  // asked once a launch
+  const std::int64_t count = p.num_tokens * p.k;            // ids to count
   if (count_mode == CountMode::automatic) {
-    // A small launch's counts cost less in a cluster behind the gating kernel than as a zeroing
-    // launch plus a burst of atomics at the end (docs/notes/ch04.md, Session 15).
-    count_mode = count <= kSmallCountLimit && dependent_launch_supported() ? CountMode::separate_kernel
-                                                                           : CountMode::fused_atomics;
+    // Predicted (docs/notes/ch04.md, Session 15; not yet measured): a small launch's counts cost
+    // less in a cluster behind the gating kernel than as a zeroing launch plus a burst of atomics.
+    count_mode = count <= kSmallCountLimit && sm90_or_later ? CountMode::separate_kernel : CountMode::fused_atomics;
   }
   std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
-  // Separate counting of a small launch: one block stores the counts outright, nothing to zero.
+  // Separate counting of a small launch: one cluster (sm_90) or one block stores the counts
+  // outright, nothing to zero.
   const bool count_small =
       out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kSmallCountLimit;
-  const LaunchOn on{stream, kLaunching == Launching::early && dependent_launch_supported()};
+  const LaunchOn on{stream, kLaunching == Launching::early && sm90_or_later};
   if (kernel_counts != nullptr && kLaunching == Launching::early) {
     launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
   } else if (out.counts != nullptr && !count_small) {
@@ -1310,7 +1311,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   check_launch();
   if (count_small) {
     const auto small_ids = static_cast<const std::int32_t*>(out.ids);
-    if (dependent_launch_supported()) {  // sm_90: clusters too
+    if (sm90_or_later) {  // clusters too
       launch_kernel(count_experts_cluster, KernelShape{kCountClusterBlocks, kCountThreads, 0, kCountClusterBlocks},
                     stream, on.early, small_ids, static_cast<int>(count), p.num_experts, out.counts);
     } else {
