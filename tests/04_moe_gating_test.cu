@@ -295,10 +295,11 @@ enum class Path {
   after_fused,
   after_separate,
   after_no_counts,
+  after_automatic,
   tune_prefetch_l2,
   tune_v4,
   tune_v5_shuffle_max,
-  tune_v5_memset
+  tune_v5_ordinary
 };
 const char* path_name(Path p) {
   switch (p) {
@@ -306,10 +307,11 @@ const char* path_name(Path p) {
     case Path::after_fused: return "after_counts_fused";
     case Path::after_separate: return "after_counts_separate";
     case Path::after_no_counts: return "after_no_counts";
+    case Path::after_automatic: return "after_counts_automatic";
     case Path::tune_prefetch_l2: return "tune_prefetch_l2";
     case Path::tune_v4: return "tune_v4";
     case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
-    case Path::tune_v5_memset: return "tune_v5_memset";
+    case Path::tune_v5_ordinary: return "tune_v5_ordinary";
   }
   return "unknown";
 }
@@ -320,7 +322,7 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
   } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
-             path == Path::tune_v5_memset) {
+             path == Path::tune_v5_ordinary) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
@@ -329,11 +331,13 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
       } else if (path == Path::tune_v5_shuffle_max) {
         kc::ch04::tune::gating_after_v5_shuffle_max(p, logits, out, stream);
       } else {
-        kc::ch04::tune::gating_after_v5_memset(p, logits, out, stream);
+        kc::ch04::tune::gating_after_v5_ordinary(p, logits, out, stream);
       }
     } else {
       FAIL() << "the tuning candidates take fp32 logits only";
     }
+  } else if (path == Path::after_automatic) {
+    kc::ch04::gating_after(p, logits, bias, out, stream);  // CountMode::automatic, the default
   } else if (path == Path::after_no_counts) {
     kc::ch04::gating_after(p, logits, bias, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr}, stream);
   } else {
@@ -386,7 +390,8 @@ const int kKs[] = {1, 2, 6, 8, 32};
 
 TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before, Path::tune_v4}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before,
+                    Path::tune_v4}) {
     for (int e : kExperts) {
       for (int k : kKs) {
         if (k > e) continue;
@@ -451,7 +456,7 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v4, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v5_memset, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v5_ordinary, softmax_params(t, e, k, true), logits);
       }
     }
   }
@@ -491,7 +496,8 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
 
 TEST_F(MoeGatingGpu, DeepSeekV3) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before}) {
+  for (Path path :
+       {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before}) {
     for (const GatingParams& shape :
          {dsv3_params(1), dsv3_params(7), dsv3_params(4096), dsv3_params(7, 64, 6, 8, 3), dsv3_params(7, 384, 8, 8, 4),
           dsv3_params(7, 512, 32, 16, 8), dsv3_params(7, 8, 2, 4, 2), dsv3_params(7, 160, 8, 1, 1)}) {
@@ -538,9 +544,74 @@ kc::test::LaunchUnderTest make_run(Path path, const GatingParams& p, kc::DeviceB
           }};
 }
 
+// The kernel a gating launch follows, made to race it: it lets the next kernel launch at once
+// (griddepcontrol.launch_dependents), then spins for `nanoseconds`, and only then writes the logits
+// (copied from `source`) and stale values into the counts. A gating launch that started reading
+// logits or zeroing counts before this kernel finished would see NaN logits or keep stale counts.
+__global__ void late_producer(const float* source, float* logits, std::size_t count, std::int32_t* counts,
+                              int num_experts, unsigned long long nanoseconds) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  unsigned long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    logits[i] = source[i];
+  }
+  if (blockIdx.x == 0) {
+    for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 1000000 + e;
+  }
+}
+
+// after launches its kernels early, each as its predecessor's programmatic dependent (sm_90): each
+// must still wait for the kernel before it before reading the logits or zeroing the counts. The
+// kernel before it here writes both 50 µs after it let them launch.
+TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_automatic}) {
+    for (const GatingParams& p : {softmax_params(4099, 256, 8, true), softmax_params(333, 8, 2, false),
+                                  softmax_params(1000, 60, 6, true), dsv3_params(515)}) {
+      SCOPED_TRACE(std::string(path_name(path)) + " E=" + std::to_string(p.num_experts) +
+                   (p.scoring == Scoring::deepseek_v3 ? " deepseek_v3" : ""));
+      const std::size_t n = static_cast<std::size_t>(p.num_tokens) * static_cast<std::size_t>(p.num_experts);
+      const std::size_t tk = static_cast<std::size_t>(p.num_tokens) * static_cast<std::size_t>(p.k);
+      std::vector<float> host, bias;
+      if (p.scoring == Scoring::deepseek_v3) {
+        dsv3_inputs(p.num_tokens, p.num_experts, seed, host, bias);
+      } else {
+        host = grid_logits(n, seed + static_cast<std::uint64_t>(p.num_experts));
+      }
+      kc::DeviceBuffer<float> source(host), d_bias(bias), logits(n);
+      logits.fill_bytes(kc::test::kPoisonByte);  // NaN until late_producer writes
+      kc::test::GuardedOutput<float> weights(tk);
+      kc::test::GuardedOutput<std::int32_t> ids(tk), counts(static_cast<std::size_t>(p.num_experts));
+      kc::check(cudaDeviceSynchronize());
+      late_producer<<<132, 256>>>(source.data(), logits.data(), n, counts.data(), p.num_experts, 50000);
+      kc::check(cudaGetLastError());
+      kc::ch04::gating_after(p, logits.data(), bias.empty() ? nullptr : d_bias.data(),
+                             {weights.data(), ids.data(), counts.data()}, nullptr,
+                             path == Path::after_fused      ? CountMode::fused_atomics
+                             : path == Path::after_separate ? CountMode::separate_kernel
+                                                            : CountMode::automatic);
+      kc::check(cudaDeviceSynchronize());
+      const std::vector<double> bias64(bias.begin(), bias.end());
+      const GatingReference ref = kc::ch04::gating_reference(p, widen(host), bias64);
+      EXPECT_EQ(ids.to_host(), ref.ids);
+      kc::test::expect_close(kc::compare<float>(weights.to_host(), ref.weights, kc::test::kPoisonByte), 1e-5,
+                             "weights");
+      EXPECT_EQ(counts.to_host(), ref.counts);
+    }
+  }
+}
+
 TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::before}) {
+  for (Path path :
+       {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before}) {
     for (int e : {8, 256}) {
       SCOPED_TRACE(std::string(path_name(path)) + " E=" + std::to_string(e));
       const GatingParams p = softmax_params(4099, e, std::min(e, 8));

@@ -71,6 +71,9 @@ struct GatingOutputs {
 enum class CountMode {
   fused_atomics,    ///< in the gating kernel: a shared-memory histogram per block, flushed with E atomics
   separate_kernel,  ///< a second tiny kernel that reads the ids back and counts them the same way
+  automatic,        ///< the launch picks: separate_kernel for up to 64 Ki ids (T k) on sm_90, where a
+                    ///< cluster of blocks counts them without zeroing or global atomics; fused_atomics
+                    ///< otherwise
 };
 
 /// Checks every rule (T >= 0, 1 <= E <= 512, 1 <= k <= min(E, 32), the DeepSeek-V3 group rules,
@@ -115,7 +118,8 @@ void gating_before(const GatingParams& params, const __nv_bfloat16* logits, cons
 
 /// After: one fused kernel. Each row's logits are loaded once (16-byte vectors) into registers,
 /// selected with warp-level primitives, normalised in registers and stored once; counts are
-/// fused (a shared-memory histogram per block) or counted by a second tiny kernel (@p count_mode).
+/// fused (a shared-memory histogram per block) or counted by a second tiny kernel (@p count_mode;
+/// by default the launch picks, CountMode::automatic).
 /// @param params shape and options
 /// @param logits [T, E] fp32 logits
 /// @param correction_bias deepseek_v3 only: [E] bias or null
@@ -123,8 +127,7 @@ void gating_before(const GatingParams& params, const __nv_bfloat16* logits, cons
 /// @param stream the stream to enqueue on
 /// @param count_mode how counts are produced when out.counts is not null
 void gating_after(const GatingParams& params, const float* logits, const float* correction_bias,
-                  const GatingOutputs& out, cudaStream_t stream = nullptr,
-                  CountMode count_mode = CountMode::fused_atomics);
+                  const GatingOutputs& out, cudaStream_t stream = nullptr, CountMode count_mode = CountMode::automatic);
 /// gating_after() for bf16 logits (16-byte loads of 8 logits, fp32 math).
 /// @param params shape and options
 /// @param logits [T, E] bf16 logits
@@ -134,8 +137,7 @@ void gating_after(const GatingParams& params, const float* logits, const float* 
 /// @param count_mode how counts are produced when out.counts is not null
 /// CountMode)
 void gating_after(const GatingParams& params, const __nv_bfloat16* logits, const float* correction_bias,
-                  const GatingOutputs& out, cudaStream_t stream = nullptr,
-                  CountMode count_mode = CountMode::fused_atomics);
+                  const GatingOutputs& out, cudaStream_t stream = nullptr, CountMode count_mode = CountMode::automatic);
 
 namespace tune {
 /// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run
@@ -185,17 +187,17 @@ void gating_after_v4(const GatingParams& params, const float* logits, const Gati
 void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
                                  cudaStream_t stream = nullptr);
 
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, through
-/// Version 5, with the counts zeroed by `cudaMemsetAsync` and the kernel launched after it the
-/// ordinary way (how `after` zeroed them before its one-block zeroing kernel with a programmatic
-/// dependent launch). Outputs equal gating_after()'s bit for bit. Softmax scorings only; throws
-/// kc::InvalidArgument for deepseek_v3, bad @p params, or more than 2^30 logits.
+/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none,
+/// when out.counts is null), through Version 5 launched the ordinary way: the counts zeroed by
+/// `cudaMemsetAsync`, the kernel launched after it with no programmatic dependent launch (how
+/// `after` ran before Session 15). Outputs equal gating_after()'s bit for bit. Softmax scorings
+/// only; throws kc::InvalidArgument for deepseek_v3, bad @p params, or more than 2^30 logits.
 /// @param params shape and options
 /// @param logits [T, E] fp32 logits
 /// @param out outputs
 /// @param stream the stream to enqueue on
-void gating_after_v5_memset(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                            cudaStream_t stream = nullptr);
+void gating_after_v5_ordinary(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                              cudaStream_t stream = nullptr);
 
 }  // namespace tune
 

@@ -35,6 +35,8 @@
 // exp once, and one segment sum (5 shuffles at L = 32) gives the renormalising denominator. The full
 // softmax denominator (softmax_then_topk without renormalisation) needs exp over all E values
 // instead; topk_then_softmax is the renormalised case.
+#include <cooperative_groups.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -253,27 +255,29 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+// The first two instructions of every gating kernel (launched early, as its predecessor's
+// programmatic dependent: launch_gating_kernel). The kernel behind this one may launch now; then
+// wait for the kernel before this one, which may still be writing the logits (or, for zero_counts,
+// reading the counts it is about to zero) — the wait is where the launch's head start ends.
+__device__ __forceinline__ void start_as_dependent() {
+  allow_dependent_launch();
+  wait_for_previous_grid();
+}
+
 // Shared-memory histogram of a block's choices, flushed to counts with at most E atomics.
-//
-// The counts must be zero before the first atomic lands. The launch zeroes them with a one-block
-// kernel (zero_counts) and starts the gating kernel as its programmatic dependent (sm_90 on; see
-// launch_gating_kernel): the gating kernel's blocks may then run while the zeroing is still on its
-// way, and the wait here is the one point that has to come after it.
 __device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts) {
   __syncthreads();
   if (counts == nullptr) return;
-  wait_for_previous_grid();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) {
     if (histogram[e] != 0) atomicAdd(counts + e, histogram[e]);
   }
 }
 
-// Zeroes counts[0, E) for the fused kernels' atomics. Its first instruction lets the kernel behind
-// it launch (griddepcontrol.launch_dependents), so that kernel's blocks start loading logits while
-// these 256 threads store zeros. That hides the zeroing's run time, not its own launch, which still
-// comes first: compare `after` with `after_no_counts` at T = 16 (docs/notes/ch04.md, Session 15).
+// Zeroes counts[0, E) for the fused kernels' atomics: a kernel, not a cudaMemsetAsync, so that it
+// too can be launched early, as its predecessor's programmatic dependent, and let the gating kernel
+// launch early behind it (docs/notes/ch04.md, Session 15).
 __global__ void zero_counts(std::int32_t* counts, int num_experts) {
-  allow_dependent_launch();
+  start_as_dependent();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 0;
 }
 
@@ -299,7 +303,7 @@ struct SoftmaxArgs {
 // the rare rows where packed keys cannot decide.
 template <typename T, int L, int N, int V>
 __global__ void __launch_bounds__(kThreads) fused_softmax_topk_v3(const T* __restrict__ logits, SoftmaxArgs a) {
-  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
+  start_as_dependent();
   constexpr int kRounds = 32 < L * N ? 32 : L * N;  // k <= min(E, 32) <= L * N
   constexpr int kSlots = kRounds / L;               // output slots a lane stores
   __shared__ int histogram[kMaxExperts];
@@ -658,7 +662,7 @@ template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean 
           Rounds kSelection = Rounds::redux_top2>
 __global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
-  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
+  start_as_dependent();
   constexpr bool kWinnersInShared = kLean && L == 32;
   constexpr int kIdBits = id_bits<L, N>();
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
@@ -841,9 +845,26 @@ __device__ __forceinline__ int padded(int e) { return e + e / 32; }
 //     merge them (3 steps for groups of 32 fp32 experts), all in registers;
 //   - any other group size: through shared memory, lane g < n_group scans group g (E / n_group
 //     dependent reads).
+//
+// Blocks an SM must be able to hold (the second number of __launch_bounds__, which caps the
+// registers): four for fp32 logits in 16-byte vectors at E <= 256, i.e. 64 registers, so that 32
+// warps an SM hold DeepSeek-V3's T = 4096 rows in one pass (at 80 registers three blocks fit and a
+// third of the warps ran a second row). ptxas for sm_90 reaches 64 there without spilling; the
+// other instances (bf16, unaligned rows, E > 256), and sm_80's code, would spill, so they keep no
+// minimum.
 template <typename T, int N, int V>
-__global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
-  allow_dependent_launch();  // a separate counting kernel behind this one may start (count_experts_one_block)
+constexpr int deepseek_min_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return 1;
+#else
+  return std::is_same_v<T, float> && N == 8 && V == 4 ? 4 : 1;
+#endif
+}
+
+template <typename T, int N, int V>
+__global__ void __launch_bounds__(kThreads, deepseek_min_blocks<T, N, V>())
+    fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
+  start_as_dependent();
   constexpr int L = 32;
   constexpr int kChunks = N / V;  // V-vectors a lane holds
   __shared__ int histogram[kMaxExperts];
@@ -859,13 +880,14 @@ __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restric
   const int groups_per_chunk = butterfly ? L / lanes_per_group : 1;
   // e / group_size as a multiply and a shift: exact for e, group_size <= 512 (error < 512 / 2^20).
   const unsigned group_reciprocal = ((1u << 20) + static_cast<unsigned>(group_size) - 1) / group_size;
-  // Per lane and the same for every row: the bias of each held expert.
-  float bias[N];
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const int e = expert_of<L, V>(j, lane);
-    bias[j] = (a.bias != nullptr && e < a.num_experts) ? a.bias[e] : 0.0f;
+  // The bias, the same for every row, in shared memory rather than N registers a lane: at 64
+  // registers four blocks fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp.
+  __shared__ float bias_of[kMaxExperts];
+  for (int e = static_cast<int>(threadIdx.x); e < a.num_experts; e += blockDim.x) {
+    bias_of[e] = a.bias != nullptr ? a.bias[e] : 0.0f;
   }
+  __syncthreads();
+  const float* lane_bias = bias_of + lane * V;  // value j of this lane: lane_bias[(j / V) * L * V + j % V]
 
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -875,7 +897,8 @@ __global__ void __launch_bounds__(kThreads) fused_deepseek_v3(const T* __restric
     // The selection key sigmoid(logit) + bias; padding stays taken.
     unsigned key[N];
     to_keys<L, N, V>(
-        x, true, a.num_experts, lane, [&](float v, int j) { return detail::sigmoid(v) + bias[j]; }, key);
+        x, true, a.num_experts, lane,
+        [&](float v, int j) { return detail::sigmoid(v) + lane_bias[(j / V) * L * V + j % V]; }, key);
     const std::int64_t next = row + warps;
     load_row<T, L, N, V>(logits + next * a.num_experts, next < a.num_tokens, a.num_experts, lane, x);
 
@@ -978,38 +1001,77 @@ __global__ void __launch_bounds__(kThreads)
   flush_histogram(histogram, num_experts, counts);
 }
 
-// The separate counting kernel for small launches: one block counts every id and stores the counts
-// outright, so nothing has to zero them first and no atomic leaves the SM. It is launched as the
+// The separate counting kernels for small launches (up to kSmallCountLimit ids) store the counts
+// outright, so nothing has to zero them first and no atomic leaves the SM. Each is launched as the
 // gating kernel's programmatic dependent, so its launch overlaps the gating kernel, and it waits
-// for the ids only when it needs them. One SM's counting grows with the ids (several microseconds
-// at 32 Ki); up to kOneBlockCountLimit ids it still beats a memset plus count_experts' many blocks
-// and atomics (docs/notes/ch04.md, Session 15), beyond that count_experts spreads the work.
-constexpr int kOneBlockCountThreads = 1024;
-constexpr std::int64_t kOneBlockCountLimit = 65536;
+// for the ids only when it needs them.
+constexpr int kCountThreads = 1024;
+constexpr std::int64_t kSmallCountLimit = 65536;
+// sm_90: a cluster of this many blocks shares out the ids, and block 0 of the cluster sums their
+// histograms through distributed shared memory. One block alone spent several microseconds on
+// 32 Ki ids (docs/notes/ch04.md, Session 15), most of it in shared-memory atomics.
+constexpr int kCountClusterBlocks = 8;
 
-__global__ void __launch_bounds__(kOneBlockCountThreads)
-    count_experts_one_block(const std::int32_t* __restrict__ ids, int count, int num_experts,
-                            std::int32_t* __restrict__ counts) {
-  __shared__ int histogram[kMaxExperts];
-  clear_histogram(histogram, num_experts);
-  wait_for_previous_grid();  // the ids are the gating kernel's output
-  // Eight loads in flight a thread before their eight shared-memory atomics.
+// Adds ids [begin, end) to a block's shared histogram, eight loads in flight a thread before their
+// eight shared-memory atomics.
+__device__ __forceinline__ void count_ids(int* histogram, const std::int32_t* __restrict__ ids, int begin, int end) {
   constexpr int kBatch = 8;
   const int step = kBatch * static_cast<int>(blockDim.x);
-  for (int base = static_cast<int>(threadIdx.x); base < count; base += step) {
+  for (int base = begin + static_cast<int>(threadIdx.x); base < end; base += step) {
     int id[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int i = base + j * static_cast<int>(blockDim.x);
-      id[j] = i < count ? ids[i] : -1;
+      id[j] = i < end ? ids[i] : -1;
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       if (id[j] >= 0) atomicAdd(histogram + id[j], 1);
     }
   }
+}
+
+// Before sm_90: one block counts every id.
+__global__ void __launch_bounds__(kCountThreads)
+    count_experts_one_block(const std::int32_t* __restrict__ ids, int count, int num_experts,
+                            std::int32_t* __restrict__ counts) {
+  __shared__ int histogram[kMaxExperts];
+  allow_dependent_launch();
+  clear_histogram(histogram, num_experts);
+  wait_for_previous_grid();  // the ids are the gating kernel's output
+  count_ids(histogram, ids, 0, count);
   __syncthreads();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = histogram[e];
+}
+
+// sm_90: one cluster of kCountClusterBlocks blocks (launched with that cluster size). Block r counts
+// the r-th share of the ids into its own shared histogram; after a cluster barrier block 0 reads the
+// other blocks' histograms (cluster.map_shared_rank: an address in another block's shared memory),
+// sums them and stores the counts; a second barrier keeps every block, and so its shared memory,
+// alive until block 0 has read it.
+__global__ void __launch_bounds__(kCountThreads)
+    count_experts_cluster(const std::int32_t* __restrict__ ids, int count, int num_experts,
+                          std::int32_t* __restrict__ counts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ int histogram[kMaxExperts];
+  allow_dependent_launch();
+  clear_histogram(histogram, num_experts);
+  wait_for_previous_grid();  // the ids are the gating kernel's output
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int share = (count + kCountClusterBlocks - 1) / kCountClusterBlocks;
+  count_ids(histogram, ids, min(count, rank * share), min(count, (rank + 1) * share));
+  cluster.sync();  // every block's histogram is complete and visible to the cluster
+  if (rank == 0) {
+    for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) {
+      int sum = 0;
+#pragma unroll
+      for (int r = 0; r < kCountClusterBlocks; ++r) sum += cluster.map_shared_rank(histogram, r)[e];
+      counts[e] = sum;
+    }
+  }
+  cluster.sync();  // no block exits (its shared memory gone) before block 0 has read it
+#endif
 }
 
 // Bytes of Version 5's winners table for top-k: each warp of a block keeps k + 1 rows of 32 words
@@ -1045,38 +1107,59 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std:
   return blocks;
 }
 
-// Where a fused kernel is launched: its stream, and whether it follows a zero_counts launch as that
-// launch's programmatic dependent.
+// Where a fused kernel is launched: its stream, and whether as its predecessor's programmatic
+// dependent.
 struct LaunchOn {
   cudaStream_t stream;
-  bool after_zeroing;  // counts are zeroed just before it, and the GPU is sm_90 or later
+  bool early;  // programmatic dependent launch (Launching::early on sm_90 or later)
+};
+
+// The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
+// clusters; more needs sm_90).
+struct KernelShape {
+  unsigned blocks;
+  unsigned threads;
+  std::size_t shared_bytes = 0;
+  unsigned cluster_blocks = 1;
 };
 
 // Launches `kernel`, as the programmatic dependent of the kernel before it on `stream` when
 // `dependent` (the attribute "programmatic stream serialization"; see allow_dependent_launch).
 template <typename... Params, typename... Args>
-void launch_kernel(void (*kernel)(Params...), unsigned blocks, unsigned threads, std::size_t shared_bytes,
-                   cudaStream_t stream, bool dependent, Args&&... args) {
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel(void (*kernel)(Params...), const KernelShape& shape, cudaStream_t stream, bool dependent,
+                   Args&&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (dependent) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (shape.cluster_blocks > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = shape.cluster_blocks;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared_bytes;
+  config.gridDim = dim3(shape.blocks);
+  config.blockDim = dim3(shape.threads);
+  config.dynamicSmemBytes = shape.shared_bytes;
   config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = dependent ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
-// Launches one fused kernel of kThreads threads a block. After a zero_counts launch on sm_90 it is
-// that launch's programmatic dependent: its blocks may start as soon as zero_counts has started,
-// and they wait for the zeros only where they need them (flush_histogram).
+// Launches one fused kernel of kThreads threads a block, early when `on.early`: the GPU may then
+// schedule its blocks while the kernel before it is still running (each block waits at its top,
+// start_as_dependent), so the launch's own latency is hidden behind that kernel instead of added
+// after it.
 template <typename... Params, typename... Args>
 void launch_gating_kernel(void (*kernel)(Params...), unsigned blocks, std::size_t shared_bytes, const LaunchOn& on,
                           Args&&... args) {
-  launch_kernel(kernel, blocks, kThreads, shared_bytes, on.stream, on.after_zeroing, std::forward<Args>(args)...);
+  launch_kernel(kernel, KernelShape{blocks, kThreads, shared_bytes}, on.stream, on.early, std::forward<Args>(args)...);
 }
 
 // Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
@@ -1146,11 +1229,12 @@ void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, const LaunchOn& o
   }
 }
 
-// How the fused counts are zeroed before the kernel's atomics.
-enum class Zeroing {
-  dependent_kernel,  // zero_counts, and the gating kernel as its programmatic dependent: `after`
-  memset,            // cudaMemsetAsync, then the gating kernel the ordinary way (the tuning row
-                     // ch04/tune_fused_v5_memset; Version 5 before Session 15)
+// How a launch's kernels are launched.
+enum class Launching {
+  early,     // `after`: each kernel as its predecessor's programmatic dependent (sm_90 on), the
+             // fused counts zeroed by zero_counts
+  ordinary,  // the ordinary way, the counts zeroed by cudaMemsetAsync (the tuning rows
+             // ch04/tune_fused_v5_ordinary*; Version 5 before Session 15)
 };
 
 // Programmatic dependent launch needs sm_90 (griddepcontrol); older GPUs run the same two kernels
@@ -1162,26 +1246,32 @@ bool dependent_launch_supported() {
   return major >= 9;
 }
 
-template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after, Zeroing kZeroing = Zeroing::dependent_kernel>
+template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after, Launching kLaunching = Launching::early>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
   validate_gating(p, logits, bias, out);
-  if (count_mode != CountMode::fused_atomics && count_mode != CountMode::separate_kernel) {
+  if (count_mode != CountMode::fused_atomics && count_mode != CountMode::separate_kernel &&
+      count_mode != CountMode::automatic) {
     throw InvalidArgument("count_mode (" + std::to_string(static_cast<int>(count_mode)) +
                           ") must be a CountMode value");
   }
   if (p.num_tokens == 0) return;
+  const bool sm90_or_later = dependent_launch_supported();  // asked once a launch
+  const std::int64_t count = p.num_tokens * p.k;            // ids to count
+  if (count_mode == CountMode::automatic) {
+    // Predicted (docs/notes/ch04.md, Session 15; not yet measured): a small launch's counts cost
+    // less in a cluster behind the gating kernel than as a zeroing launch plus a burst of atomics.
+    count_mode = count <= kSmallCountLimit && sm90_or_later ? CountMode::separate_kernel : CountMode::fused_atomics;
+  }
   std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
-  const std::int64_t count = p.num_tokens * p.k;  // ids to count
-  // Separate counting of a small launch: one block stores the counts outright, nothing to zero.
-  const bool count_in_one_block =
-      out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kOneBlockCountLimit;
-  LaunchOn on{stream, false};
-  if (kernel_counts != nullptr && kZeroing == Zeroing::dependent_kernel) {
-    zero_counts<<<1, kThreads, 0, stream>>>(kernel_counts, p.num_experts);
-    check_launch();
-    on.after_zeroing = dependent_launch_supported();
-  } else if (out.counts != nullptr && !count_in_one_block) {
+  // Separate counting of a small launch: one cluster (sm_90) or one block stores the counts
+  // outright, nothing to zero.
+  const bool count_small =
+      out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kSmallCountLimit;
+  const LaunchOn on{stream, kLaunching == Launching::early && sm90_or_later};
+  if (kernel_counts != nullptr && kLaunching == Launching::early) {
+    launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
+  } else if (out.counts != nullptr && !count_small) {
     check(cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
   }
 
@@ -1219,9 +1309,15 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
     }
   }
   check_launch();
-  if (count_in_one_block) {
-    launch_kernel(count_experts_one_block, 1, kOneBlockCountThreads, 0, stream, dependent_launch_supported(),
-                  static_cast<const std::int32_t*>(out.ids), static_cast<int>(count), p.num_experts, out.counts);
+  if (count_small) {
+    const auto small_ids = static_cast<const std::int32_t*>(out.ids);
+    if (sm90_or_later) {  // clusters too
+      launch_kernel(count_experts_cluster, KernelShape{kCountClusterBlocks, kCountThreads, 0, kCountClusterBlocks},
+                    stream, on.early, small_ids, static_cast<int>(count), p.num_experts, out.counts);
+    } else {
+      launch_kernel(count_experts_one_block, KernelShape{1, kCountThreads}, stream, false, small_ids,
+                    static_cast<int>(count), p.num_experts, out.counts);
+    }
   } else if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
     const unsigned blocks = grid_for(count, kThreads, 8);
     count_experts<<<blocks, kThreads, 0, stream>>>(out.ids, count, p.num_experts, out.counts);
@@ -1258,7 +1354,7 @@ void gating_after_v4(const GatingParams& params, const float* logits, const Gati
 }
 
 // A Version 5 tuning kernel: Version 5's own rule (at most 2^30 logits) after the common checks.
-template <SoftmaxKernel kKernel, Zeroing kZeroing = Zeroing::dependent_kernel>
+template <SoftmaxKernel kKernel, Launching kLaunching = Launching::early>
 void gating_after_version5_tuning(const GatingParams& params, const float* logits, const GatingOutputs& out,
                                   cudaStream_t stream) {
   validate_gating(params, logits, nullptr, out);
@@ -1266,7 +1362,7 @@ void gating_after_version5_tuning(const GatingParams& params, const float* logit
     throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
                           std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
   }
-  gating_after_impl<float, kKernel, kZeroing>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+  gating_after_impl<float, kKernel, kLaunching>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
 void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
@@ -1274,9 +1370,9 @@ void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits
   gating_after_version5_tuning<SoftmaxKernel::version5_shuffle_max>(params, logits, out, stream);
 }
 
-void gating_after_v5_memset(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                            cudaStream_t stream) {
-  gating_after_version5_tuning<SoftmaxKernel::version5, Zeroing::memset>(params, logits, out, stream);
+void gating_after_v5_ordinary(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                              cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version5, Launching::ordinary>(params, logits, out, stream);
 }
 
 }  // namespace tune
