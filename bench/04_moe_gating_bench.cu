@@ -4,10 +4,10 @@
 // softmax -> top-k with renormalisation (label fp32_T{T}_E{E}_k{k}), and DeepSeek-V3 routing
 // (E = 256, n_group 8, topk_group 4, k = 8, factor 2.5; label fp32_dsv3_T{T}).
 // Variants: before (three kernels + workspace), after (one kernel; counts as CountMode::automatic
-// picks: a cluster behind the gating kernel up to 64 Ki ids, fused atomics beyond),
+// picks, moe_gating.hpp),
 // after_counts_fused and after_counts_separate (each way of counting at every size), after_no_counts (the
-// same kernel, weights and ids only: issue 5's "weights + ids" goal), limit (cudaMemcpyAsync of
-// logits + outputs bytes). pytorch comes from tools/pytorch_baselines.py.
+// same kernel, weights and ids only: issue 5's "weights + ids" goal), limit (a copy kernel moving
+// logits + outputs bytes, copy_bytes). pytorch comes from tools/pytorch_baselines.py.
 // Also the cost of the warp primitives the kernels are built from (warp_primitives.hpp): variants
 // latency and throughput of cases primitive_shfl_xor, primitive_redux_max, primitive_vote_any and
 // primitive_ffma, with counters cycles_per_op and warp_ops_per_sm_clock (no bytes).
@@ -36,9 +36,11 @@
 // redux.sync), ch04/tune_fused_v5_ordinary (Version 5 launched the ordinary way, the counts zeroed by
 // cudaMemsetAsync, as before Session 15), ch04/tune_fused_v5_no_counts and
 // ch04/tune_fused_v5_ordinary_no_counts (weights and ids only, launched early and the ordinary way),
-// ch04/tune_limit, and
-// ch04/tune_fused_v5_stream_timed and ch04/tune_limit_stream_timed (timed as ordinary launches, not a
-// graph), at T = 65536, 4096 and 16, E = 256, k = 8, so one run compares them.
+// ch04/tune_limit and ch04/tune_limit_memcpy (the copy as a kernel and as cudaMemcpyAsync), and
+// ch04/tune_fused_v5_stream_timed, ch04/tune_limit_stream_timed and
+// ch04/tune_limit_memcpy_stream_timed (timed as ordinary launches, not a graph), at T = 65536, 4096 and 16, E = 256, k
+// = 8, so one run compares them.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -66,7 +68,8 @@ enum class Variant {
   after_fused,
   after_separate,
   after_no_counts,
-  limit,
+  limit,         // copy_bytes: a copy kernel
+  limit_memcpy,  // cudaMemcpyAsync, for the tuning rows' comparison
   fused_v3,
   fused_v4,
   fused_v4_prefetch,
@@ -77,6 +80,30 @@ enum class Variant {
 
 // How a batch of launches is timed (the file's header says why the graph).
 enum class Timing { graph, stream };
+
+// The limit's copy: n bytes from src to dst, 16 bytes a load, four loads in flight a thread before
+// the first store. A kernel, not cudaMemcpyAsync: captured into a graph, a device-to-device
+// cudaMemcpyAsync becomes a memcpy node, which Session 16 measured slower than the same copy
+// launched on a stream (docs/notes/ch04.md), while a kernel runs the same either way. Both pointers
+// are 16-byte aligned (the caller's buffers are), the tail of n % 16 bytes is copied bytewise.
+__global__ void copy_bytes(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst, std::size_t n) {
+  const auto* src_words = reinterpret_cast<const int4*>(src);
+  auto* dst_words = reinterpret_cast<int4*>(dst);
+  const std::size_t words = n / sizeof(int4);
+  constexpr int kInFlight = 4;
+  const std::size_t threads = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kInFlight - 1) * threads < words; i += kInFlight * threads) {
+    int4 w[kInFlight];
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) w[j] = __ldcs(src_words + i + j * threads);  // read once: streaming
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) __stcs(dst_words + i + j * threads, w[j]);
+  }
+  for (; i < words; i += threads) __stcs(dst_words + i, __ldcs(src_words + i));
+  const std::size_t tail = words * sizeof(int4) + static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tail < n) dst[tail] = src[tail];
+}
 
 // Reads `count` 16-byte words and folds them into one value, stored only if it has a value the
 // buffer's zeros never give: the loads cannot be dropped, and nothing is written.
@@ -152,9 +179,19 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
   kc::DeviceBuffer<float> bias(bias_host);
   const float* bias_ptr = p.scoring == kc::ch04::Scoring::deepseek_v3 ? bias.data() : nullptr;
   kc::DeviceBuffer<unsigned char> workspace(kc::ch04::gating_before_workspace_bytes(p));
-  // limit: one contiguous copy of the same number of bytes.
-  kc::DeviceBuffer<unsigned char> copy_src(v == Variant::limit ? static_cast<std::size_t>(bytes) * sets : 0);
-  kc::DeviceBuffer<unsigned char> copy_dst(v == Variant::limit ? static_cast<std::size_t>(bytes) * sets : 0);
+  // limit: one contiguous copy of the same number of bytes. A copy of n bytes reads n and writes n:
+  // n = min_bytes / 2 moves exactly min_bytes. Each set starts 16-byte aligned (copy_bytes).
+  const bool copies = v == Variant::limit || v == Variant::limit_memcpy;
+  const auto copy_n = static_cast<std::size_t>(bytes / 2);
+  const std::size_t copy_stride = (copy_n + sizeof(int4) - 1) / sizeof(int4) * sizeof(int4);
+  kc::DeviceBuffer<unsigned char> copy_src(copies ? copy_stride * sets : 0);
+  kc::DeviceBuffer<unsigned char> copy_dst(copies ? copy_stride * sets : 0);
+  if (copies) kc::check(cudaMemset(copy_src.data(), 0x5a, copy_src.size()));
+  // A thread a 16-byte word, up to 8 blocks of 256 an SM; beyond that the grid strides (a large
+  // copy keeps four loads in flight a thread).
+  const std::size_t copy_words = copy_n / sizeof(int4);
+  const auto copy_blocks = static_cast<unsigned>(
+      std::clamp<std::size_t>((copy_words + 255) / 256, 1, 8 * static_cast<std::size_t>(device.sm_count)));
   cudaStream_t stream;
   kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   kc::check(cudaDeviceSynchronize());
@@ -188,13 +225,15 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::fused_v5_shuffle_max:
         kc::ch04::tune::gating_after_v5_shuffle_max(p, set_logits, out, stream);
         break;
-      case Variant::limit: {
-        // A copy of n bytes reads n and writes n: n = min_bytes / 2 moves exactly min_bytes.
-        const auto n = static_cast<std::size_t>(bytes / 2);
-        kc::check(
-            cudaMemcpyAsync(copy_dst.data() + s * n, copy_src.data() + s * n, n, cudaMemcpyDeviceToDevice, stream));
+      case Variant::limit:
+        copy_bytes<<<copy_blocks, 256, 0, stream>>>(copy_src.data() + s * copy_stride,
+                                                    copy_dst.data() + s * copy_stride, copy_n);
+        kc::check_launch();
         break;
-      }
+      case Variant::limit_memcpy:
+        kc::check(cudaMemcpyAsync(copy_dst.data() + s * copy_stride, copy_src.data() + s * copy_stride, copy_n,
+                                  cudaMemcpyDeviceToDevice, stream));
+        break;
     }
   };
   const int batch = kc::bench::batch_for_bytes(bytes);
@@ -204,6 +243,12 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
     kc::bench::time_batches(state, stream, batch, launch);
   }
   kc::check(cudaStreamDestroy(stream));
+  if (copies) {  // the copy of set 0 (the first launch captured) must have arrived, every byte
+    std::vector<unsigned char> src_host(copy_n), dst_host(copy_n);
+    kc::check(cudaMemcpy(src_host.data(), copy_src.data(), copy_n, cudaMemcpyDeviceToHost));
+    kc::check(cudaMemcpy(dst_host.data(), copy_dst.data(), copy_n, cudaMemcpyDeviceToHost));
+    if (src_host != dst_host) state.SkipWithError("the limit's copy did not copy set 0");
+  }
   kc::bench::set_counters(state, bytes);
   state.counters["rotating_sets"] = static_cast<double>(sets);
 }
@@ -304,8 +349,10 @@ void register_tuning(const kc::DeviceInfo& device) {
                     {"tune_fused_v5_no_counts", Variant::after_no_counts, Timing::graph},
                     {"tune_fused_v5_ordinary_no_counts", Variant::fused_v5_ordinary_no_counts, Timing::graph},
                     {"tune_limit", Variant::limit, Timing::graph},
+                    {"tune_limit_memcpy", Variant::limit_memcpy, Timing::graph},
                     {"tune_fused_v5_stream_timed", Variant::after_fused, Timing::stream},
-                    {"tune_limit_stream_timed", Variant::limit, Timing::stream}};
+                    {"tune_limit_stream_timed", Variant::limit, Timing::stream},
+                    {"tune_limit_memcpy_stream_timed", Variant::limit_memcpy, Timing::stream}};
     for (const auto& v : variants) {
       const std::string name = "ch04/" + std::string(v.name) + "/" + label;
       kc::bench::configure(benchmark::RegisterBenchmark(

@@ -1007,6 +1007,8 @@ __global__ void __launch_bounds__(kThreads)
 // for the ids only when it needs them.
 constexpr int kCountThreads = 1024;
 constexpr std::int64_t kSmallCountLimit = 65536;
+// CountMode::automatic counts separately from this many ids up (to kSmallCountLimit).
+constexpr std::int64_t kSeparateCountFrom = 16384;
 // sm_90: a cluster of this many blocks shares out the ids, and block 0 of the cluster sums their
 // histograms through distributed shared memory. One block alone spent several microseconds on
 // 32 Ki ids (docs/notes/ch04.md, Session 15), most of it in shared-memory atomics.
@@ -1259,9 +1261,15 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const bool sm90_or_later = dependent_launch_supported();  // asked once a launch
   const std::int64_t count = p.num_tokens * p.k;            // ids to count
   if (count_mode == CountMode::automatic) {
-    // Predicted (docs/notes/ch04.md, Session 15; not yet measured): a small launch's counts cost
-    // less in a cluster behind the gating kernel than as a zeroing launch plus a burst of atomics.
-    count_mode = count <= kSmallCountLimit && sm90_or_later ? CountMode::separate_kernel : CountMode::fused_atomics;
+    // Measured (docs/notes/ch04.md, Session 16): the separate cluster costs a fixed ~1.7 us (a
+    // kernel that waits for the whole gating grid), the fused flush a ~0.7 us zeroing launch plus
+    // its atomics, E to a block, all on the E / 32 cache lines of counts. Those atomics cost most
+    // when many of them meet at once: a short softmax kernel whose blocks end together, at tens of
+    // thousands of ids (T = 4096, E = 256: separate 6.8 us, fused 7.6). A longer kernel spreads
+    // them (DeepSeek-V3, or E = 384) and a small launch has few, and there fused is cheaper.
+    const bool burst = count >= kSeparateCountFrom && p.num_experts <= 256 && p.scoring != Scoring::deepseek_v3;
+    count_mode =
+        burst && count <= kSmallCountLimit && sm90_or_later ? CountMode::separate_kernel : CountMode::fused_atomics;
   }
   std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
   // Separate counting of a small launch: one cluster (sm_90) or one block stores the counts
