@@ -1261,15 +1261,16 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const bool sm90_or_later = dependent_launch_supported();  // asked once a launch
   const std::int64_t count = p.num_tokens * p.k;            // ids to count
   if (count_mode == CountMode::automatic) {
-    // Measured (docs/notes/ch04.md, Session 16): the separate cluster costs a fixed ~1.7 us (a
-    // kernel that waits for the whole gating grid), the fused flush a ~0.7 us zeroing launch plus
-    // its atomics, E to a block, all on the E / 32 cache lines of counts. Those atomics cost most
-    // when many of them meet at once: a short softmax kernel whose blocks end together, at tens of
-    // thousands of ids (T = 4096, E = 256: separate 6.8 us, fused 7.6). A longer kernel spreads
-    // them (DeepSeek-V3, or E = 384) and a small launch has few, and there fused is cheaper.
-    const bool burst = count >= kSeparateCountFrom && p.num_experts <= 256 && p.scoring != Scoring::deepseek_v3;
-    count_mode =
-        burst && count <= kSmallCountLimit && sm90_or_later ? CountMode::separate_kernel : CountMode::fused_atomics;
+    // Measured (docs/notes/ch04.md, Session 16; the results' after_counts_* rows at every case):
+    // the separate cluster costs a fixed ~1.7 us (a kernel that waits for the whole gating grid);
+    // fused counting, the zeroing launch and the atomics together, 0.5-0.7 us at most cases (1.7
+    // for DeepSeek-V3 at T = 4096, still less than the cluster there). The exception is the warp-a-row layout at E =
+    // 129..256 with 16 Ki to 64 Ki ids (T = 4096, E = 256: one block per 8 rows, 512 blocks ending together), where the
+    // fused atomics cost about 3 us, so there the cluster is cheaper. Why only that layout is not yet explained (E =
+    // 384, same layout, spreads its blocks' ends over a longer kernel).
+    const bool cluster_pays = p.scoring != Scoring::deepseek_v3 && p.num_experts > 128 && p.num_experts <= 256 &&
+                              count >= kSeparateCountFrom && count <= kSmallCountLimit;
+    count_mode = cluster_pays && sm90_or_later ? CountMode::separate_kernel : CountMode::fused_atomics;
   }
   std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
   // Separate counting of a small launch: one cluster (sm_90) or one block stores the counts
