@@ -1262,12 +1262,13 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const std::int64_t count = p.num_tokens * p.k;            // ids to count
   if (count_mode == CountMode::automatic) {
     // Measured (docs/notes/ch04.md, Session 16; the results' after_counts_* rows at every case):
-    // the separate cluster costs a fixed ~1.7 us (a kernel that waits for the whole gating grid);
-    // fused counting, the zeroing launch and the atomics together, 0.5-0.7 us at most cases (1.7
-    // for DeepSeek-V3 at T = 4096, still less than the cluster there). The exception is the warp-a-row layout at E =
-    // 129..256 with 16 Ki to 64 Ki ids (T = 4096, E = 256: one block per 8 rows, 512 blocks ending together), where the
-    // fused atomics cost about 3 us, so there the cluster is cheaper. Why only that layout is not yet explained (E =
-    // 384, same layout, spreads its blocks' ends over a longer kernel).
+    // the separate cluster costs a fixed ~1.7 us, a kernel that waits for the whole gating grid.
+    // Fused counting (the zeroing launch and the flush) costs 0.5-0.7 us at most cases: each block
+    // flushes one warp-wide request per 32 counters, and requests on one line of counts are served
+    // in turn. The exception is the warp-a-row layout at E = 129..256 with 16 Ki to 64 Ki ids:
+    // T = 4096, E = 256 is 512 blocks x 8 lines of requests, arriving as the blocks end together,
+    // about 3 us, so there the cluster is cheaper. E = 384 sends more, but its longer kernel
+    // spreads the blocks' ends.
     const bool cluster_pays = p.scoring != Scoring::deepseek_v3 && p.num_experts > 128 && p.num_experts <= 256 &&
                               count >= kSeparateCountFrom && count <= kSmallCountLimit;
     count_mode = cluster_pays && sm90_or_later ? CountMode::separate_kernel : CountMode::fused_atomics;
