@@ -695,6 +695,18 @@ __device__ __forceinline__ float rcp_ftz(float x) {
   return y;
 }
 
+// DeepSeek-V3's score in the fused kernel: sigmoid(x) = 1 / (1 + 2^(-x log2(e))), one multiply,
+// two MUFU and an add. detail::sigmoid (expf with its exact range, the correctly rounded
+// reciprocal with its slow-path branch) takes about 20 instructions a value: with it the row loop
+// of fused_deepseek_v3 (sm_90, fp32, E <= 256) was 1000 SASS instructions, with this 820, and at a
+// warp a row the kernel is bound by instruction issue (docs/notes/ch04.md, Session 16).
+// Same policy: NaN stays NaN, +Inf gives 1, -Inf (and x below about -87, where 1 + 2^(-x log2 e)
+// passes 2^126) gives 0. Error against the exact sigmoid: below 3e-7 for |x| <= 16 (ex2.approx
+// 2^-22 relative, the rounded product |x| 2^-24 more, rcp.approx 2^-23), against decision gaps of
+// about 2e-6 in the tests' DeepSeek-V3 inputs. Both the selection keys and the recomputed weights
+// use it, so a winner's weight is the score its key was made from.
+__device__ __forceinline__ float sigmoid_fast(float x) { return rcp_ftz(1.0f + exp2_ftz(x * -1.44269504f)); }
+
 // Softmax numerator exp(x - m) of logit x under the row's largest non-NaN logit m, with the
 // chapter's policy and no branch. `m_ok` is m > -Inf. x == m (and m_ok) weighs exactly 1, which
 // also gives each +Inf logit 1 when m is +Inf (where x - m would be NaN). Every other NaN of
@@ -963,7 +975,7 @@ __global__ void __launch_bounds__(kThreads, deepseek_min_blocks<T, N, V>())
     unsigned key[N];
     to_keys<L, N, V>(
         x, true, a.num_experts, lane,
-        [&](float v, int j) { return detail::sigmoid(v) + lane_bias[(j / V) * L * V + j % V]; }, key);
+        [&](float v, int j) { return sigmoid_fast(v) + lane_bias[(j / V) * L * V + j % V]; }, key);
     const std::int64_t next = row + warps;
     load_row<T, L, N, V>(logits + next * a.num_experts, next < a.num_tokens, a.num_experts, lane, x);
 
@@ -1032,7 +1044,7 @@ __global__ void __launch_bounds__(kThreads, deepseek_min_blocks<T, N, V>())
     // the row was just read), which gives the same bits as the score the key was made from.
     float my_weight = 0.0f;
     if (lane < a.k) {
-      const float s = detail::sigmoid(detail::to_float(logits[row * a.num_experts + my_id]));
+      const float s = sigmoid_fast(detail::to_float(logits[row * a.num_experts + my_id]));
       my_weight = s != s ? 0.0f : s;  // a NaN score weighs 0
     }
     const float sum = segment_sum<L>(my_weight);
