@@ -278,20 +278,20 @@ constexpr unsigned kFlushClusterBlocks = 8;  // blocks a cluster when a kernel f
 // The cluster operations of the flush in PTX (sm_90): cooperative_groups' cluster_group does the
 // same through 64-bit generic addresses, and its code cost the selection loop of several kernels
 // registers (one spilled), although it runs once, at the end.
-__device__ __forceinline__ unsigned blocks_in_my_cluster() {
+// Where this block is: its cluster's size in blocks (1 when not launched in clusters, and before
+// sm_90) and its rank in it.
+struct ClusterPlace {
   unsigned blocks = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(blocks));
-#endif
-  return blocks;
-}
-
-__device__ __forceinline__ unsigned my_rank_in_cluster() {
   unsigned rank = 0;
+};
+
+__device__ __forceinline__ ClusterPlace my_cluster_place() {
+  ClusterPlace place;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(place.blocks));
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(place.rank));
 #endif
-  return rank;
+  return place;
 }
 
 // Every thread of every block of the cluster arrives; the release and acquire make each block's
@@ -316,11 +316,12 @@ __device__ __forceinline__ int load_from_cluster_block(const int* address, unsig
 }
 
 __device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts) {
-  if (blocks_in_my_cluster() == kFlushClusterBlocks) {  // otherwise 1: not launched in clusters
-    cluster_barrier();  // every block's histogram is complete and visible to the cluster
+  const ClusterPlace place = my_cluster_place();
+  if (place.blocks == kFlushClusterBlocks) {  // otherwise 1: not launched in clusters
+    cluster_barrier();                        // every block's histogram is complete and visible to the cluster
     constexpr int kBlocks = kFlushClusterBlocks;
     const int lines_per_block = ((num_experts + 31) / 32 + kBlocks - 1) / kBlocks;
-    const int first = static_cast<int>(my_rank_in_cluster()) * lines_per_block * 32;
+    const int first = static_cast<int>(place.rank) * lines_per_block * 32;
     const int end = min(num_experts, first + lines_per_block * 32);
     for (int e = first + static_cast<int>(threadIdx.x); e < end; e += blockDim.x) {
       int sum = 0;
