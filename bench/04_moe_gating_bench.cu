@@ -21,12 +21,12 @@
 // events, the L2 emptied before each replay by reading a buffer twice its size (every launch of a
 // replay reads inputs no launch has touched since). A read, not kc::bench::L2Flusher's memset: a
 // memset leaves the L2 full of dirty lines, and their write-back to DRAM then lands inside the
-// timed replay (Session 15 measured the copy at T = 65536 at 28.7 µs after a memset flush against
-// 22.4 µs timed without one; docs/notes/ch04.md). A router launch takes microseconds, less than the host needs to
-// enqueue it (a launch through the runtime costs the CPU a few microseconds); timed as a stream of
-// ordinary launches, a batch measures how fast the host enqueues, once the GPU has caught up with
-// it. A graph is enqueued once, and it is how inference engines run the layer anyway. The tuning
-// rows *_stream_timed time the old way, for the comparison (docs/notes/ch04.md, Session 15).
+// timed replay, slowing whatever is bound by DRAM (docs/notes/ch04.md, Sessions 15 and 16). A
+// router launch takes microseconds, less than the host needs to enqueue it (a launch through the
+// runtime costs the CPU a few microseconds); timed as a stream of ordinary launches, a batch
+// measures how fast the host enqueues, once the GPU has caught up with it. A graph is enqueued once, and it is how
+// inference engines run the layer anyway. The tuning rows *_stream_timed time the old way, for the comparison
+// (docs/notes/ch04.md, Session 15).
 //
 // KC_TUNE=1 registers the tuning cases instead (for docs/notes, not for the results tables):
 // ch04/tune_fused_v3 (Version 3 of the fused softmax kernel, which the packed-key kernel replaced),
@@ -38,8 +38,8 @@
 // ch04/tune_fused_v5_ordinary_no_counts (weights and ids only, launched early and the ordinary way),
 // ch04/tune_limit and ch04/tune_limit_memcpy (the copy as a kernel and as cudaMemcpyAsync), and
 // ch04/tune_fused_v5_stream_timed, ch04/tune_limit_stream_timed and
-// ch04/tune_limit_memcpy_stream_timed (timed as ordinary launches, not a graph), at T = 65536, 4096 and 16, E = 256, k
-// = 8, so one run compares them.
+// ch04/tune_limit_memcpy_stream_timed (timed as ordinary launches, not a graph), at T = 65536,
+// 4096 and 16, E = 256, k = 8, so one run compares them.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>

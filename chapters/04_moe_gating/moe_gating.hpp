@@ -134,7 +134,6 @@ void gating_after(const GatingParams& params, const float* logits, const float* 
 /// @param out outputs
 /// @param stream the stream to enqueue on
 /// @param count_mode how counts are produced when out.counts is not null
-/// CountMode)
 void gating_after(const GatingParams& params, const __nv_bfloat16* logits, const float* correction_bias,
                   const GatingOutputs& out, cudaStream_t stream = nullptr, CountMode count_mode = CountMode::automatic);
 
