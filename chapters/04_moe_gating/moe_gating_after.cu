@@ -1192,7 +1192,8 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std:
 struct LaunchOn {
   cudaStream_t stream;
   bool early;              // programmatic dependent launch (Launching::early on sm_90 or later)
-  bool flush_in_clusters;  // the kernel counts (fused) on sm_90: gating_grid may use clusters
+  bool flush_in_clusters;  // the kernel counts (fused) on sm_90, E > kFlushClustersAboveExperts:
+                           // gating_grid may use clusters
 };
 
 // The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
@@ -1234,8 +1235,15 @@ void launch_kernel(void (*kernel)(Params...), const KernelShape& shape, cudaStre
 }
 
 // The fewest blocks a grid needs to flush its counts in clusters: below that the flush sends few
-// requests anyway. Predicted, not yet measured (docs/notes/ch04.md, Session 16).
+// requests anyway (chosen, not measured on its own).
 constexpr std::int64_t kFlushClustersFromBlocks = 64;
+
+// Clusters pay only where the flush is large. A clustered launch of the same grid measured about
+// 1.2 to 1.6 us slower at T = 4096 with E = 64 and 128 (2 and 4 lines of counts), with or without
+// the early launch and with clusters of 4 or spread over the SMs; at E = 256 (8 lines, 4096
+// requests unclustered) it was 1.7 us faster (docs/notes/ch04.md, Session 17). So only routings
+// with more experts than this flush in clusters.
+constexpr int kFlushClustersAboveExperts = 128;
 
 // Clusters of kFlushClusterBlocks blocks of `kernel` (with `dynamic_shared_bytes` each) that fit on
 // the GPU at once, asked once per device and kept in `cache`, as blocks_per_sm does.
@@ -1399,11 +1407,11 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const bool sm90_or_later = dependent_launch_supported();  // asked once a launch
   const std::int64_t count = p.num_tokens * p.k;            // ids to count
   if (count_mode == CountMode::automatic) {
-    // Predicted (docs/notes/ch04.md, Session 16; not yet measured): with each cluster's counts
-    // summed before the flush (flush_histogram), fused counting costs about 0.5 us over none at
-    // every case, less than the separate cluster's fixed ~1.7 us (a kernel that waits for the whole
-    // gating grid). Measured before the clustered flush, the separate cluster won only at T = 4096,
-    // E = 256, where 512 blocks flushed 4096 requests onto 8 lines of counts at once.
+    // Measured (docs/notes/ch04.md, Session 17): fused counting is faster than the separate
+    // kernel at every benchmark case. The separate cluster is a second kernel that waits for the
+    // whole gating grid; it had won only at T = 4096, E = 256, where 512 blocks flushed 4096
+    // requests onto 8 lines of counts at once, and the clustered flush (flush_histogram) took that
+    // case from it.
     count_mode = CountMode::fused_atomics;
   }
   std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
@@ -1412,7 +1420,8 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const bool count_small =
       out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kSmallCountLimit;
   const bool early = kLaunching == Launching::early && sm90_or_later;
-  const LaunchOn on{stream, early, early && kernel_counts != nullptr};
+  const LaunchOn on{stream, early,
+                    early && kernel_counts != nullptr && p.num_experts > kFlushClustersAboveExperts};
   if (kernel_counts != nullptr && kLaunching == Launching::early) {
     launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
   } else if (out.counts != nullptr && !count_small) {
