@@ -265,7 +265,73 @@ __device__ __forceinline__ void start_as_dependent() {
 }
 
 // Shared-memory histogram of a block's choices, flushed to counts with at most E atomics.
+//
+// A warp's atomics on 32 neighbouring counters travel as one request to the L2, and every request
+// on one cache line of counts is served in turn there: a grid flushes blocks x E / 32 requests
+// onto E / 32 lines. At T = 4096, E = 256 (512 blocks ending together) that cost about 3 us
+// (docs/notes/ch04.md, Session 16). So a kernel counting on sm_90 is launched in clusters
+// (gating_grid): the blocks of a cluster first sum their histograms through distributed shared
+// memory, and each flushes a slice of whole lines of the sum, so the grid sends kFlushClusterBlocks
+// times fewer requests.
+constexpr unsigned kFlushClusterBlocks = 8;  // blocks a cluster when a kernel flushes in clusters
+
+// The cluster operations of the flush in PTX (sm_90): cooperative_groups' cluster_group does the
+// same through 64-bit generic addresses, and its code cost the selection loop of several kernels
+// registers (one spilled), although it runs once, at the end.
+// Where this block is: its cluster's size in blocks (1 when not launched in clusters, and before
+// sm_90) and its rank in it.
+struct ClusterPlace {
+  unsigned blocks = 1;
+  unsigned rank = 0;
+};
+
+__device__ __forceinline__ ClusterPlace my_cluster_place() {
+  ClusterPlace place;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(place.blocks));
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(place.rank));
+#endif
+  return place;
+}
+
+// Every thread of every block of the cluster arrives; the release and acquire make each block's
+// shared-memory writes before the barrier visible to the others' reads after it.
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Reads the int at `address` (this block's shared memory) in the shared memory of block `rank` of
+// the cluster: mapa maps the address, ld.shared::cluster reads through distributed shared memory.
+__device__ __forceinline__ int load_from_cluster_block(const int* address, unsigned rank) {
+  int value = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const auto local = static_cast<unsigned>(__cvta_generic_to_shared(address));
+  unsigned remote = 0;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(value) : "r"(remote) : "memory");
+#endif
+  return value;
+}
+
 __device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts) {
+  const ClusterPlace place = my_cluster_place();
+  if (place.blocks == kFlushClusterBlocks) {  // otherwise 1: not launched in clusters
+    cluster_barrier();                        // every block's histogram is complete and visible to the cluster
+    constexpr int kBlocks = kFlushClusterBlocks;
+    const int lines_per_block = ((num_experts + 31) / 32 + kBlocks - 1) / kBlocks;
+    const int first = static_cast<int>(place.rank) * lines_per_block * 32;
+    const int end = min(num_experts, first + lines_per_block * 32);
+    for (int e = first + static_cast<int>(threadIdx.x); e < end; e += blockDim.x) {
+      int sum = 0;
+#pragma unroll
+      for (unsigned r = 0; r < kBlocks; ++r) sum += load_from_cluster_block(histogram + e, r);
+      if (sum != 0 && counts != nullptr) atomicAdd(counts + e, sum);
+    }
+    cluster_barrier();  // no block exits (its shared memory gone) before the others have read it
+    return;
+  }
   __syncthreads();
   if (counts == nullptr) return;
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) {
@@ -630,6 +696,18 @@ __device__ __forceinline__ float rcp_ftz(float x) {
   return y;
 }
 
+// DeepSeek-V3's score in the fused kernel: sigmoid(x) = 1 / (1 + 2^(-x log2(e))), one multiply,
+// two MUFU and an add. detail::sigmoid (expf with its exact range, the correctly rounded
+// reciprocal with its slow-path branch) takes about 20 instructions a value: with it the row loop
+// of fused_deepseek_v3 (sm_90, fp32, E <= 256) was 1000 SASS instructions, with this 820, and at a
+// warp a row the kernel is bound by instruction issue (docs/notes/ch04.md, Session 16).
+// Same policy: NaN stays NaN, +Inf gives 1, -Inf (and x below about -87, where 1 + 2^(-x log2 e)
+// passes 2^126) gives 0. Error against the exact sigmoid: below 3e-7 for |x| <= 16 (ex2.approx
+// 2^-22 relative, the rounded product |x| 2^-24 more, rcp.approx 2^-23), against decision gaps of
+// about 2e-6 in the tests' DeepSeek-V3 inputs. Both the selection keys and the recomputed weights
+// use it, so a winner's weight is the score its key was made from.
+__device__ __forceinline__ float sigmoid_fast(float x) { return rcp_ftz(1.0f + exp2_ftz(x * -1.44269504f)); }
+
 // Softmax numerator exp(x - m) of logit x under the row's largest non-NaN logit m, with the
 // chapter's policy and no branch. `m_ok` is m > -Inf. x == m (and m_ok) weighs exactly 1, which
 // also gives each +Inf logit 1 when m is +Inf (where x - m would be NaN). Every other NaN of
@@ -898,7 +976,7 @@ __global__ void __launch_bounds__(kThreads, deepseek_min_blocks<T, N, V>())
     unsigned key[N];
     to_keys<L, N, V>(
         x, true, a.num_experts, lane,
-        [&](float v, int j) { return detail::sigmoid(v) + lane_bias[(j / V) * L * V + j % V]; }, key);
+        [&](float v, int j) { return sigmoid_fast(v) + lane_bias[(j / V) * L * V + j % V]; }, key);
     const std::int64_t next = row + warps;
     load_row<T, L, N, V>(logits + next * a.num_experts, next < a.num_tokens, a.num_experts, lane, x);
 
@@ -967,13 +1045,15 @@ __global__ void __launch_bounds__(kThreads, deepseek_min_blocks<T, N, V>())
     // the row was just read), which gives the same bits as the score the key was made from.
     float my_weight = 0.0f;
     if (lane < a.k) {
-      const float s = detail::sigmoid(detail::to_float(logits[row * a.num_experts + my_id]));
+      const float s = sigmoid_fast(detail::to_float(logits[row * a.num_experts + my_id]));
       my_weight = s != s ? 0.0f : s;  // a NaN score weighs 0
     }
     const float sum = segment_sum<L>(my_weight);
     // Rows are sorted by weight (the unbiased score), not by the biased selection key.
     int position = 0;
-#pragma unroll 1
+    // Four steps an iteration: one step an iteration spent 6 of its 13 instructions on the loop and
+    // the shuffles' divergence test (sm_90 SASS; 37 for four steps).
+#pragma unroll 4
     for (int j = 0; j < a.k; ++j) {
       const float wj = __shfl_sync(kFullMask, my_weight, j);
       const int idj = __shfl_sync(kFullMask, my_id, j);
@@ -1007,8 +1087,6 @@ __global__ void __launch_bounds__(kThreads)
 // for the ids only when it needs them.
 constexpr int kCountThreads = 1024;
 constexpr std::int64_t kSmallCountLimit = 65536;
-// CountMode::automatic counts separately from this many ids up (to kSmallCountLimit).
-constexpr std::int64_t kSeparateCountFrom = 16384;
 // sm_90: a cluster of this many blocks shares out the ids, and block 0 of the cluster sums their
 // histograms through distributed shared memory. One block alone spent several microseconds on
 // 32 Ki ids (docs/notes/ch04.md, Session 15), most of it in shared-memory atomics.
@@ -1109,11 +1187,13 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std:
   return blocks;
 }
 
-// Where a fused kernel is launched: its stream, and whether as its predecessor's programmatic
-// dependent.
+// Where a fused kernel is launched: its stream, whether as its predecessor's programmatic
+// dependent, and whether in clusters that sum their counts before flushing them (flush_histogram).
 struct LaunchOn {
   cudaStream_t stream;
-  bool early;  // programmatic dependent launch (Launching::early on sm_90 or later)
+  bool early;              // programmatic dependent launch (Launching::early on sm_90 or later)
+  bool flush_in_clusters;  // the kernel counts (fused) on sm_90, E > kFlushClustersAboveExperts:
+                           // gating_grid may use clusters
 };
 
 // The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
@@ -1154,14 +1234,78 @@ void launch_kernel(void (*kernel)(Params...), const KernelShape& shape, cudaStre
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
-// Launches one fused kernel of kThreads threads a block, early when `on.early`: the GPU may then
-// schedule its blocks while the kernel before it is still running (each block waits at its top,
+// The fewest blocks a grid needs to flush its counts in clusters: below that the flush sends few
+// requests anyway (chosen, not measured on its own).
+constexpr std::int64_t kFlushClustersFromBlocks = 64;
+
+// Clusters pay only where the flush is large. A clustered launch of the same grid measured about
+// 1.2 to 1.6 us slower at T = 4096 with E = 64 and 128 (2 and 4 lines of counts), with or without
+// the early launch and with clusters of 4 or spread over the SMs; at E = 256 (8 lines, 4096
+// requests unclustered) it was 1.7 us faster (docs/notes/ch04.md, Session 17). So only routings
+// with more experts than this flush in clusters.
+constexpr int kFlushClustersAboveExperts = 128;
+
+// Clusters of kFlushClusterBlocks blocks of `kernel` (with `dynamic_shared_bytes` each) that fit on
+// the GPU at once, asked once per device and kept in `cache`, as blocks_per_sm does.
+template <typename Kernel>
+int flush_clusters_resident(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices],
+                            std::size_t dynamic_shared_bytes) {
+  int device = 0;
+  check(cudaGetDevice(&device));
+  if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) {
+    return cache[device].load(std::memory_order_relaxed);
+  }
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kFlushClusterBlocks;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kFlushClusterBlocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = dynamic_shared_bytes;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  if (device < kCachedDevices) cache[device].store(clusters, std::memory_order_relaxed);
+  return clusters;
+}
+
+// Per-kernel answers to the occupancy questions of gating_grid, asked once per device.
+struct OccupancyCache {
+  std::atomic<int> blocks_per_sm[kCachedDevices];
+  std::atomic<int> flush_clusters[kCachedDevices];
+};
+
+// The launch shape of a gating kernel over `rows` rows, `rows_per_block` a block: one wave at most
+// (grid_for; a grid-stride loop does the rest). When the kernel counts on sm_90
+// (`on.flush_in_clusters`) and the grid has kFlushClustersFromBlocks blocks or more, it becomes whole
+// clusters of kFlushClusterBlocks, if they all fit at once. A launch too large for one wave keeps no
+// clusters: its blocks end at different times, so their flushes do not meet.
+template <typename Kernel>
+KernelShape gating_grid(Kernel kernel, std::int64_t rows, int rows_per_block, std::size_t shared_bytes,
+                        std::size_t occupancy_shared_bytes, const LaunchOn& on, OccupancyCache& cache) {
+  const unsigned blocks =
+      grid_for(rows, rows_per_block, blocks_per_sm(kernel, cache.blocks_per_sm, occupancy_shared_bytes));
+  const std::int64_t wanted = (rows + rows_per_block - 1) / rows_per_block;
+  if (on.flush_in_clusters && wanted >= kFlushClustersFromBlocks && wanted <= blocks) {
+    const std::int64_t clusters = (wanted + kFlushClusterBlocks - 1) / kFlushClusterBlocks;
+    if (clusters <= flush_clusters_resident(kernel, cache.flush_clusters, occupancy_shared_bytes)) {
+      return KernelShape{static_cast<unsigned>(clusters * kFlushClusterBlocks), kThreads, shared_bytes,
+                         kFlushClusterBlocks};
+    }
+  }
+  return KernelShape{blocks, kThreads, shared_bytes};
+}
+
+// Launches one fused kernel with `shape`, early when `on.early`: the GPU may then schedule its
+// blocks while the kernel before it is still running (each block waits at its top,
 // start_as_dependent), so the launch's own latency is hidden behind that kernel instead of added
 // after it.
 template <typename... Params, typename... Args>
-void launch_gating_kernel(void (*kernel)(Params...), unsigned blocks, std::size_t shared_bytes, const LaunchOn& on,
-                          Args&&... args) {
-  launch_kernel(kernel, KernelShape{blocks, kThreads, shared_bytes}, on.stream, on.early, std::forward<Args>(args)...);
+void launch_gating_kernel(void (*kernel)(Params...), const KernelShape& shape, const LaunchOn& on, Args&&... args) {
+  launch_kernel(kernel, shape, on.stream, on.early, std::forward<Args>(args)...);
 }
 
 // Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
@@ -1177,11 +1321,14 @@ enum class SoftmaxKernel {
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
 void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
-  static std::atomic<int> cache[kCachedDevices];
+  static OccupancyCache occupancy;
   constexpr int kRowsPerBlock = kWarpsPerBlock * (32 / L);
   if constexpr (kKernel == SoftmaxKernel::version3) {
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
-    launch_gating_kernel(kernel, grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, cache)), 0, on, logits, a);
+    // The tuning row's kernel: never in clusters (its flush takes the one-block path).
+    const KernelShape shape{grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, occupancy.blocks_per_sm)),
+                            kThreads};
+    launch_gating_kernel(kernel, shape, on, logits, a);
   } else {
     constexpr Rounds kSelection =
         kKernel == SoftmaxKernel::version5_shuffle_max ? Rounds::shuffle_top2 : Rounds::redux_top2;
@@ -1191,11 +1338,10 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
     // the most any launch needs, so the occupancy asked once per device holds for every k.
     constexpr bool kWinnersInShared = kLean && L == 32;
     const std::size_t winners_bytes = kWinnersInShared ? winners_table_bytes(a.k) : 0;
-    const unsigned blocks = grid_for(a.num_tokens, kRowsPerBlock,
-                                     blocks_per_sm(kernel, cache, kWinnersInShared ? winners_table_bytes(32) : 0));
-    const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
-    launch_gating_kernel(kernel, blocks, winners_bytes, on, logits, a,
-                         GridStride{rows, rows * a.num_experts, rows * a.k});
+    const KernelShape shape = gating_grid(kernel, a.num_tokens, kRowsPerBlock, winners_bytes,
+                                          kWinnersInShared ? winners_table_bytes(32) : 0, on, occupancy);
+    const std::int64_t rows = static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock;
+    launch_gating_kernel(kernel, shape, on, logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
   }
 }
 
@@ -1219,14 +1365,14 @@ void dispatch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on)
 
 template <typename T, int V>
 void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, const LaunchOn& on) {
-  static std::atomic<int> cache8[kCachedDevices], cache16[kCachedDevices];
+  static OccupancyCache occupancy8, occupancy16;
   if (a.num_experts <= 256) {
     const auto kernel = fused_deepseek_v3<T, 8, V>;
-    launch_gating_kernel(kernel, grid_for(a.num_tokens, kWarpsPerBlock, blocks_per_sm(kernel, cache8)), 0, on, logits,
+    launch_gating_kernel(kernel, gating_grid(kernel, a.num_tokens, kWarpsPerBlock, 0, 0, on, occupancy8), on, logits,
                          a);
   } else {
     const auto kernel = fused_deepseek_v3<T, 16, V>;
-    launch_gating_kernel(kernel, grid_for(a.num_tokens, kWarpsPerBlock, blocks_per_sm(kernel, cache16)), 0, on, logits,
+    launch_gating_kernel(kernel, gating_grid(kernel, a.num_tokens, kWarpsPerBlock, 0, 0, on, occupancy16), on, logits,
                          a);
   }
 }
@@ -1261,24 +1407,21 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const bool sm90_or_later = dependent_launch_supported();  // asked once a launch
   const std::int64_t count = p.num_tokens * p.k;            // ids to count
   if (count_mode == CountMode::automatic) {
-    // Measured (docs/notes/ch04.md, Session 16; the results' after_counts_* rows at every case):
-    // the separate cluster costs a fixed ~1.7 us, a kernel that waits for the whole gating grid.
-    // Fused counting (the zeroing launch and the flush) costs 0.5-0.7 us at most cases: each block
-    // flushes one warp-wide request per 32 counters, and requests on one line of counts are served
-    // in turn. The exception is the warp-a-row layout at E = 129..256 with 16 Ki to 64 Ki ids:
-    // T = 4096, E = 256 is 512 blocks x 8 lines of requests, arriving as the blocks end together,
-    // about 3 us, so there the cluster is cheaper. E = 384 sends more, but its longer kernel
-    // spreads the blocks' ends.
-    const bool cluster_pays = p.scoring != Scoring::deepseek_v3 && p.num_experts > 128 && p.num_experts <= 256 &&
-                              count >= kSeparateCountFrom && count <= kSmallCountLimit;
-    count_mode = cluster_pays && sm90_or_later ? CountMode::separate_kernel : CountMode::fused_atomics;
+    // Measured (docs/notes/ch04.md, Session 17): fused counting is faster than the separate
+    // kernel at every benchmark case. The separate cluster is a second kernel that waits for the
+    // whole gating grid; it had won only at T = 4096, E = 256, where 512 blocks flushed 4096
+    // requests onto 8 lines of counts at once, and the clustered flush (flush_histogram) took that
+    // case from it.
+    count_mode = CountMode::fused_atomics;
   }
   std::int32_t* kernel_counts = count_mode == CountMode::fused_atomics ? out.counts : nullptr;
   // Separate counting of a small launch: one cluster (sm_90) or one block stores the counts
   // outright, nothing to zero.
   const bool count_small =
       out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kSmallCountLimit;
-  const LaunchOn on{stream, kLaunching == Launching::early && sm90_or_later};
+  const bool early = kLaunching == Launching::early && sm90_or_later;
+  const LaunchOn on{stream, early,
+                    early && kernel_counts != nullptr && p.num_experts > kFlushClustersAboveExperts};
   if (kernel_counts != nullptr && kLaunching == Launching::early) {
     launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
   } else if (out.counts != nullptr && !count_small) {
