@@ -1420,8 +1420,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const bool count_small =
       out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kSmallCountLimit;
   const bool early = kLaunching == Launching::early && sm90_or_later;
-  const LaunchOn on{stream, early,
-                    early && kernel_counts != nullptr && p.num_experts > kFlushClustersAboveExperts};
+  const LaunchOn on{stream, early, early && kernel_counts != nullptr && p.num_experts > kFlushClustersAboveExperts};
   if (kernel_counts != nullptr && kLaunching == Launching::early) {
     launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
   } else if (out.counts != nullptr && !count_small) {
