@@ -519,11 +519,12 @@ TEST_F(MoeGatingGpu, DeepSeekV3) {
   }
 }
 
-// On sm_90 a kernel that counts launches in clusters of 8 blocks once its grid has 64 blocks or more
-// (and fits in one wave): the blocks of a cluster sum their histograms through distributed shared
-// memory, and each flushes a slice of the sum. Each shape below needs 65 blocks, so the last block
-// holds one row and the last cluster seven empty blocks; the small-tests run (compute-sanitizer)
-// keeps them, since T = 4096 is skipped there. Rows a block: 256 for E <= 8, 32 for E <= 64, 16 for
+// On sm_90 a kernel that counts more than 128 experts launches in clusters of 8 blocks once its grid
+// has 64 blocks or more (and its clusters fit at once): the blocks of a cluster sum their histograms
+// through distributed shared memory, and each flushes a slice of the sum. The shapes at E <= 128
+// run the same 65-block grids without clusters. Each shape needs 65 blocks, so the last block holds
+// one row and the last cluster seven empty blocks; the small-tests run (compute-sanitizer) keeps
+// them, since T = 4096 is skipped there. Rows a block: 256 for E <= 8, 32 for E <= 64, 16 for
 // E <= 128, 8 beyond (DeepSeek-V3 too).
 TEST_F(MoeGatingGpu, CountsSummedInClustersMatchTheReference) {
   const std::uint64_t seed = kc::test::test_seed();
