@@ -519,6 +519,23 @@ TEST_F(MoeGatingGpu, DeepSeekV3) {
   }
 }
 
+// DeepSeek-V3 (fp32 logits in 16-byte vectors) runs blocks of 16 warps on sm_90 once there are 16
+// rows for every SM, and blocks of 8 below. T = 16 x SMs - 1 and 16 x SMs + 1 sit on both sides of
+// the switch (the wide grid's last block holds one row); a T beyond one wave of wide blocks (two an
+// SM) makes every warp loop. dsv3_inputs repeats one row, so a row skipped or run twice shows as
+// poison left in the outputs or as counts other than T. The small-tests run (compute-sanitizer)
+// keeps the first two.
+TEST_F(MoeGatingGpu, DeepSeekV3WideBlocksMatchTheReference) {
+  const std::uint64_t seed = kc::test::test_seed();
+  const std::int64_t sms = device().sm_count;
+  for (const std::int64_t t : {16 * sms - 1, 16 * sms + 1, 2 * 16 * sms + 37}) {
+    if (t > 16 * sms + 1 && kc::test::small_tests_only()) continue;
+    std::vector<float> logits, bias;
+    dsv3_inputs(t, 256, seed, logits, bias);
+    for (Path path : {Path::after_fused, Path::after_no_counts}) check_case(path, dsv3_params(t), logits, bias);
+  }
+}
+
 // On sm_90 a kernel that counts more than 128 experts launches in clusters of 8 blocks once its grid
 // has 64 blocks or more (and its clusters fit at once): the blocks of a cluster sum their histograms
 // through distributed shared memory, and each flushes a slice of the sum. The shapes at E <= 128

@@ -925,28 +925,36 @@ __device__ __forceinline__ int padded(int e) { return e + e / 32; }
 //     dependent reads).
 //
 // Blocks an SM must be able to hold (the second number of __launch_bounds__, which caps the
-// registers): four for fp32 logits in 16-byte vectors at E <= 256, i.e. 64 registers, so that 32
-// warps an SM hold DeepSeek-V3's T = 4096 rows in one pass (at 80 registers three blocks fit and a
-// third of the warps ran a second row). ptxas for sm_90 reaches 64 there without spilling; the
-// other instances (bf16, unaligned rows, E > 256), and sm_80's code, would spill, so they keep no
-// minimum.
-template <typename T, int N, int V>
+// registers): 32 warps an SM for fp32 logits in 16-byte vectors at E <= 256, i.e. 64 registers, so
+// that DeepSeek-V3's T = 4096 rows are one pass (at 80 registers 24 warps fit and a third of the
+// warps ran a second row). ptxas for sm_90 reaches 64 there without spilling; the other instances
+// (bf16, unaligned rows, E > 256), and sm_80's code, would spill, so they keep no minimum.
+template <typename T, int N, int V, int W>
 constexpr int deepseek_min_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   return 1;
 #else
-  return std::is_same_v<T, float> && N == 8 && V == 4 ? 4 : 1;
+  return std::is_same_v<T, float> && N == 8 && V == 4 ? 32 / W : 1;
 #endif
 }
 
-template <typename T, int N, int V>
-__global__ void __launch_bounds__(kThreads, deepseek_min_blocks<T, N, V>())
+// DeepSeek-V3's wide blocks: warps a block (one row a warp) where the grid is large. Every block
+// flushes its histogram of 256 counts as 8 requests (one a line of counts) however many rows it
+// ran, so 16 warps a block halve the grid's flush: at T = 4096, 256 blocks send 2048 requests
+// instead of 4096. Clusters, which cut the softmax kernels' flush, do not fit here: the occupancy
+// query gives 62 clusters of 8 blocks of 8 warps, and T = 4096 needs 64 (docs/notes/ch04.md,
+// Session 18). Wide blocks are used only where there are enough rows to give every SM one
+// (dispatch_deepseek): below that they would put twice the rows on half the SMs.
+constexpr int kDeepSeekWideWarps = 16;
+
+template <typename T, int N, int V, int W>
+__global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
     fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
   start_as_dependent();
   constexpr int L = 32;
   constexpr int kChunks = N / V;  // V-vectors a lane holds
   __shared__ int histogram[kMaxExperts];
-  __shared__ unsigned staged[kWarpsPerBlock][kMaxExperts + kMaxExperts / 32];
+  __shared__ unsigned staged[W][N * 32 + N];
   clear_histogram(histogram, a.num_experts);
 
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -967,8 +975,8 @@ __global__ void __launch_bounds__(kThreads, deepseek_min_blocks<T, N, V>())
   __syncthreads();
   const float* lane_bias = bias_of + lane * V;  // value j of this lane: lane_bias[(j / V) * L * V + j % V]
 
-  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
+  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * W + threadIdx.x / 32;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * W;
   float x[N];  // the next row's logits, loaded one iteration ahead (see fused_softmax_topk)
   load_row<T, L, N, V>(logits + warp * a.num_experts, warp < a.num_tokens, a.num_experts, lane, x);
   for (std::int64_t row = warp; row < a.num_tokens; row += warps) {
@@ -1160,13 +1168,19 @@ constexpr std::size_t winners_table_bytes(int k) {
   return static_cast<std::size_t>(kWarpsPerBlock) * static_cast<std::size_t>(k + 1) * 32 * sizeof(unsigned);
 }
 
+// SMs of the current device.
+int sm_count() {
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device));
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 // One wave: at most as many blocks as fit on the GPU at once (a grid-stride loop does the rest).
 // A grid of 8 blocks per SM for a kernel of which only 6 fit ran as 1.33 waves, its last third on a
 // quarter of the machine.
 unsigned grid_for(std::int64_t rows, int rows_per_block, int per_sm) {
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device));
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = sm_count();
   const std::int64_t wanted = (rows + rows_per_block - 1) / rows_per_block;
   const std::int64_t resident = static_cast<std::int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   return static_cast<unsigned>(wanted < resident ? wanted : resident);
@@ -1175,14 +1189,15 @@ unsigned grid_for(std::int64_t rows, int rows_per_block, int per_sm) {
 // Blocks of `kernel` that fit on one SM with `dynamic_shared_bytes` each, asked once per device and
 // kept in the caller's `cache` (one per kernel instance): the launch path stays a few cheap host calls.
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std::size_t dynamic_shared_bytes = 0) {
+int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std::size_t dynamic_shared_bytes = 0,
+                  int threads = kThreads) {
   int device = 0;
   check(cudaGetDevice(&device));
   if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) {
     return cache[device].load(std::memory_order_relaxed);
   }
   int blocks = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, dynamic_shared_bytes));
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared_bytes));
   if (device < kCachedDevices) cache[device].store(blocks, std::memory_order_relaxed);
   return blocks;
 }
@@ -1194,6 +1209,7 @@ struct LaunchOn {
   bool early;              // programmatic dependent launch (Launching::early on sm_90 or later)
   bool flush_in_clusters;  // the kernel counts (fused) on sm_90, E > kFlushClustersAboveExperts:
                            // gating_grid may use clusters
+  bool sm90_or_later;      // the 64-register instances (deepseek_min_blocks) are the ones compiled
 };
 
 // The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
@@ -1248,8 +1264,8 @@ constexpr int kFlushClustersAboveExperts = 128;
 // Clusters of kFlushClusterBlocks blocks of `kernel` (with `dynamic_shared_bytes` each) that fit on
 // the GPU at once, asked once per device and kept in `cache`, as blocks_per_sm does.
 template <typename Kernel>
-int flush_clusters_resident(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices],
-                            std::size_t dynamic_shared_bytes) {
+int flush_clusters_resident(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std::size_t dynamic_shared_bytes,
+                            int threads) {
   int device = 0;
   check(cudaGetDevice(&device));
   if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) {
@@ -1262,7 +1278,7 @@ int flush_clusters_resident(Kernel kernel, std::atomic<int> (&cache)[kCachedDevi
   cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(kFlushClusterBlocks);
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(threads);
   config.dynamicSmemBytes = dynamic_shared_bytes;
   config.attrs = &cluster;
   config.numAttrs = 1;
@@ -1285,18 +1301,19 @@ struct OccupancyCache {
 // clusters: its blocks end at different times, so their flushes do not meet.
 template <typename Kernel>
 KernelShape gating_grid(Kernel kernel, std::int64_t rows, int rows_per_block, std::size_t shared_bytes,
-                        std::size_t occupancy_shared_bytes, const LaunchOn& on, OccupancyCache& cache) {
+                        std::size_t occupancy_shared_bytes, const LaunchOn& on, OccupancyCache& cache,
+                        int threads = kThreads) {
   const unsigned blocks =
-      grid_for(rows, rows_per_block, blocks_per_sm(kernel, cache.blocks_per_sm, occupancy_shared_bytes));
+      grid_for(rows, rows_per_block, blocks_per_sm(kernel, cache.blocks_per_sm, occupancy_shared_bytes, threads));
   const std::int64_t wanted = (rows + rows_per_block - 1) / rows_per_block;
   if (on.flush_in_clusters && wanted >= kFlushClustersFromBlocks && wanted <= blocks) {
     const std::int64_t clusters = (wanted + kFlushClusterBlocks - 1) / kFlushClusterBlocks;
-    if (clusters <= flush_clusters_resident(kernel, cache.flush_clusters, occupancy_shared_bytes)) {
-      return KernelShape{static_cast<unsigned>(clusters * kFlushClusterBlocks), kThreads, shared_bytes,
-                         kFlushClusterBlocks};
+    if (clusters <= flush_clusters_resident(kernel, cache.flush_clusters, occupancy_shared_bytes, threads)) {
+      return KernelShape{static_cast<unsigned>(clusters * kFlushClusterBlocks), static_cast<unsigned>(threads),
+                         shared_bytes, kFlushClusterBlocks};
     }
   }
-  return KernelShape{blocks, kThreads, shared_bytes};
+  return KernelShape{blocks, static_cast<unsigned>(threads), shared_bytes};
 }
 
 // Launches one fused kernel with `shape`, early when `on.early`: the GPU may then schedule its
@@ -1365,15 +1382,26 @@ void dispatch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on)
 
 template <typename T, int V>
 void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, const LaunchOn& on) {
-  static OccupancyCache occupancy8, occupancy16;
+  static OccupancyCache occupancy8, occupancy_wide, occupancy16;
   if (a.num_experts <= 256) {
-    const auto kernel = fused_deepseek_v3<T, 8, V>;
-    launch_gating_kernel(kernel, gating_grid(kernel, a.num_tokens, kWarpsPerBlock, 0, 0, on, occupancy8), on, logits,
-                         a);
+    // The wide blocks need the 64-register instance (fp32 in 16-byte vectors, sm_90), whose 32 warps
+    // an SM they keep: 2 blocks of 16 warps instead of 4 of 8.
+    if constexpr (std::is_same_v<T, float> && V == 4) {
+      if (on.sm90_or_later && a.num_tokens >= static_cast<std::int64_t>(kDeepSeekWideWarps) * sm_count()) {
+        constexpr int W = kDeepSeekWideWarps;
+        const auto kernel = fused_deepseek_v3<T, 8, V, W>;
+        launch_gating_kernel(kernel, gating_grid(kernel, a.num_tokens, W, 0, 0, on, occupancy_wide, W * 32), on, logits,
+                             a);
+        return;
+      }
+    }
+    constexpr int W = kWarpsPerBlock;
+    const auto kernel = fused_deepseek_v3<T, 8, V, W>;
+    launch_gating_kernel(kernel, gating_grid(kernel, a.num_tokens, W, 0, 0, on, occupancy8, W * 32), on, logits, a);
   } else {
-    const auto kernel = fused_deepseek_v3<T, 16, V>;
-    launch_gating_kernel(kernel, gating_grid(kernel, a.num_tokens, kWarpsPerBlock, 0, 0, on, occupancy16), on, logits,
-                         a);
+    constexpr int W = kWarpsPerBlock;
+    const auto kernel = fused_deepseek_v3<T, 16, V, W>;
+    launch_gating_kernel(kernel, gating_grid(kernel, a.num_tokens, W, 0, 0, on, occupancy16, W * 32), on, logits, a);
   }
 }
 
@@ -1420,7 +1448,8 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const bool count_small =
       out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kSmallCountLimit;
   const bool early = kLaunching == Launching::early && sm90_or_later;
-  const LaunchOn on{stream, early, early && kernel_counts != nullptr && p.num_experts > kFlushClustersAboveExperts};
+  const LaunchOn on{stream, early, early && kernel_counts != nullptr && p.num_experts > kFlushClustersAboveExperts,
+                    sm90_or_later};
   if (kernel_counts != nullptr && kLaunching == Launching::early) {
     launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
   } else if (out.counts != nullptr && !count_small) {
