@@ -967,7 +967,7 @@ __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
   // e / group_size as a multiply and a shift: exact for e, group_size <= 512 (error < 512 / 2^20).
   const unsigned group_reciprocal = ((1u << 20) + static_cast<unsigned>(group_size) - 1) / group_size;
   // The bias, the same for every row, in shared memory rather than N registers a lane: at 64
-  // registers four blocks fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp.
+  // registers 32 warps fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp.
   __shared__ float bias_of[kMaxExperts];
   for (int e = static_cast<int>(threadIdx.x); e < a.num_experts; e += blockDim.x) {
     bias_of[e] = a.bias != nullptr ? a.bias[e] : 0.0f;
@@ -1209,7 +1209,8 @@ struct LaunchOn {
   bool early;              // programmatic dependent launch (Launching::early on sm_90 or later)
   bool flush_in_clusters;  // the kernel counts (fused) on sm_90, E > kFlushClustersAboveExperts:
                            // gating_grid may use clusters
-  bool sm90_or_later;      // the 64-register instances (deepseek_min_blocks) are the ones compiled
+  bool sm90_or_later;      // DeepSeek-V3's wide blocks need the 64-register instance, which only
+                           // sm_90's code has (deepseek_min_blocks)
 };
 
 // The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
