@@ -651,6 +651,36 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
   }
 }
 
+// DeepSeek-V3's kernel reads the correction bias before its wait (gating_after's contract): the bias
+// may be written by a kernel as long as an operation that is not a kernel (here a memset) stands
+// between that kernel and the call. late_producer writes the bias 50 us after letting the next
+// kernel launch, and poisons it until then; the gating launch must still see the written bias.
+TEST_F(MoeGatingGpu, DeepSeekBiasWrittenBeforeANonKernelOperationIsSeen) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (const GatingParams& p : {dsv3_params(515), dsv3_params(4096)}) {
+    if (p.num_tokens == 4096 && kc::test::small_tests_only()) continue;
+    SCOPED_TRACE("T=" + std::to_string(p.num_tokens));
+    const std::size_t tk = static_cast<std::size_t>(p.num_tokens) * static_cast<std::size_t>(p.k);
+    std::vector<float> logits, bias;
+    dsv3_inputs(p.num_tokens, p.num_experts, seed, logits, bias);
+    kc::DeviceBuffer<float> d_logits(logits), source(bias), d_bias(bias.size());
+    kc::DeviceBuffer<std::int32_t> scratch(static_cast<std::size_t>(p.num_experts));
+    d_bias.fill_bytes(kc::test::kPoisonByte);
+    kc::test::GuardedOutput<float> weights(tk);
+    kc::test::GuardedOutput<std::int32_t> ids(tk), counts(static_cast<std::size_t>(p.num_experts));
+    kc::check(cudaDeviceSynchronize());
+    late_producer<<<1, 256>>>(source.data(), d_bias.data(), bias.size(), scratch.data(), p.num_experts, 50000);
+    kc::check(cudaGetLastError());
+    kc::check(cudaMemsetAsync(scratch.data(), 0, sizeof(std::int32_t), nullptr));  // not a kernel
+    kc::ch04::gating_after(p, d_logits.data(), d_bias.data(), {weights.data(), ids.data(), counts.data()});
+    kc::check(cudaDeviceSynchronize());
+    const GatingReference ref = kc::ch04::gating_reference(p, widen(logits), widen(bias));
+    EXPECT_EQ(ids.to_host(), ref.ids);
+    kc::test::expect_close(kc::compare<float>(weights.to_host(), ref.weights, kc::test::kPoisonByte), 1e-5, "weights");
+    EXPECT_EQ(counts.to_host(), ref.counts);
+  }
+}
+
 TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
   const std::uint64_t seed = kc::test::test_seed();
   for (Path path :

@@ -950,7 +950,9 @@ constexpr int kDeepSeekWideWarps = 16;
 template <typename T, int N, int V, int W>
 __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
     fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
-  start_as_dependent();
+  // The kernel behind this one may launch now (as start_as_dependent); the wait for the kernel
+  // before comes only after the prologue below, which reads nothing that kernel writes.
+  allow_dependent_launch();
   constexpr int L = 32;
   constexpr int kChunks = N / V;  // V-vectors a lane holds
   __shared__ int histogram[kMaxExperts];
@@ -967,13 +969,17 @@ __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
   // e / group_size as a multiply and a shift: exact for e, group_size <= 512 (error < 512 / 2^20).
   const unsigned group_reciprocal = ((1u << 20) + static_cast<unsigned>(group_size) - 1) / group_size;
   // The bias, the same for every row, in shared memory rather than N registers a lane: at 64
-  // registers four blocks fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp.
+  // registers 32 warps fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp. It is a model
+  // parameter, not something the kernels just before write (gating_after's contract), so it is
+  // read before the wait: its latency and the barrier's are spent while the kernel before is still
+  // running instead of on every row's path (docs/notes/ch04.md, Session 18).
   __shared__ float bias_of[kMaxExperts];
   for (int e = static_cast<int>(threadIdx.x); e < a.num_experts; e += blockDim.x) {
     bias_of[e] = a.bias != nullptr ? a.bias[e] : 0.0f;
   }
   __syncthreads();
   const float* lane_bias = bias_of + lane * V;  // value j of this lane: lane_bias[(j / V) * L * V + j % V]
+  wait_for_previous_grid();                     // the logits (and, through zero_counts, the zeroed counts) are ready
 
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * W + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * W;
