@@ -970,9 +970,10 @@ __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
   const unsigned group_reciprocal = ((1u << 20) + static_cast<unsigned>(group_size) - 1) / group_size;
   // The bias, the same for every row, in shared memory rather than N registers a lane: at 64
   // registers 32 warps fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp. It is a model
-  // parameter, not something the kernels just before write (gating_after's contract), so it is
-  // read before the wait: its latency and the barrier's are spent while the kernel before is still
-  // running instead of on every row's path (docs/notes/ch04.md, Session 18).
+  // parameter: gating_after's contract puts something other than a kernel between any kernel that
+  // writes it and this launch, so it is read before the wait. Its latency and the barrier's are
+  // then spent while the kernel before is still running, not on every row's path
+  // (docs/notes/ch04.md, Session 18).
   __shared__ float bias_of[kMaxExperts];
   for (int e = static_cast<int>(threadIdx.x); e < a.num_experts; e += blockDim.x) {
     bias_of[e] = a.bias != nullptr ? a.bias[e] : 0.0f;
@@ -1215,7 +1216,8 @@ struct LaunchOn {
   bool early;              // programmatic dependent launch (Launching::early on sm_90 or later)
   bool flush_in_clusters;  // the kernel counts (fused) on sm_90, E > kFlushClustersAboveExperts:
                            // gating_grid may use clusters
-  bool sm90_or_later;      // the 64-register instances (deepseek_min_blocks) are the ones compiled
+  bool sm90_or_later;      // DeepSeek-V3's wide blocks need the 64-register instance, which only
+                           // sm_90's code has (deepseek_min_blocks)
 };
 
 // The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
