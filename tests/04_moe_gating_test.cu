@@ -661,8 +661,8 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
 // between that kernel and the call. late_producer writes the bias 50 us after letting the next
 // kernel launch, and poisons it until then; the gating launch must still see the written bias.
 // The kernels are loaded and run once first: a first launch's module loading takes longer than the
-// 50 us, and the test would pass whatever the order. Without the memset this test fails (measured
-// on sm_90, docs/notes/ch04.md, Session 18), so it does tell the two apart.
+// 50 us, and the test would pass whatever the order. The race is real: on sm_90 a variant without
+// the memset (and without counts) failed (docs/notes/ch04.md, Session 18, item 6).
 TEST_F(MoeGatingGpu, DeepSeekBiasWrittenBeforeANonKernelOperationIsSeen) {
   const std::uint64_t seed = kc::test::test_seed();
   cudaStream_t stream = nullptr;  // its own stream: the test's launches only
