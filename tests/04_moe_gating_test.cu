@@ -632,14 +632,19 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
       logits.fill_bytes(kc::test::kPoisonByte);  // NaN until late_producer writes
       kc::test::GuardedOutput<float> weights(tk);
       kc::test::GuardedOutput<std::int32_t> ids(tk), counts(static_cast<std::size_t>(p.num_experts));
+      // Loaded and run once first: a first launch's module loading outlasts late_producer's 50 us,
+      // and the gating kernels would then start after it whatever they do.
+      const CountMode mode = path == Path::after_fused      ? CountMode::fused_atomics
+                             : path == Path::after_separate ? CountMode::separate_kernel
+                                                            : CountMode::automatic;
+      const kc::ch04::GatingOutputs out{weights.data(), ids.data(), counts.data()};
+      kc::ch04::gating_after(p, logits.data(), bias.empty() ? nullptr : d_bias.data(), out, nullptr, mode);
       kc::check(cudaDeviceSynchronize());
+      weights.poison();
+      ids.poison();
       late_producer<<<132, 256>>>(source.data(), logits.data(), n, counts.data(), p.num_experts, 50000);
       kc::check(cudaGetLastError());
-      kc::ch04::gating_after(p, logits.data(), bias.empty() ? nullptr : d_bias.data(),
-                             {weights.data(), ids.data(), counts.data()}, nullptr,
-                             path == Path::after_fused      ? CountMode::fused_atomics
-                             : path == Path::after_separate ? CountMode::separate_kernel
-                                                            : CountMode::automatic);
+      kc::ch04::gating_after(p, logits.data(), bias.empty() ? nullptr : d_bias.data(), out, nullptr, mode);
       kc::check(cudaDeviceSynchronize());
       const std::vector<double> bias64(bias.begin(), bias.end());
       const GatingReference ref = kc::ch04::gating_reference(p, widen(host), bias64);
@@ -649,6 +654,50 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
       EXPECT_EQ(counts.to_host(), ref.counts);
     }
   }
+}
+
+// DeepSeek-V3's kernel reads the correction bias before its wait (gating_after's contract): the bias
+// may be written by a kernel as long as an operation that is not a kernel (here a memset) stands
+// between that kernel and the call. late_producer writes the bias 50 us after letting the next
+// kernel launch, and poisons it until then; the gating launch must still see the written bias.
+// The kernels are loaded and run once first: a first launch's module loading takes longer than the
+// 50 us, and the test would pass whatever the order. The race is real: on sm_90 a variant without
+// the memset (and without counts) failed (docs/notes/ch04.md, Session 18, item 6).
+TEST_F(MoeGatingGpu, DeepSeekBiasWrittenBeforeANonKernelOperationIsSeen) {
+  const std::uint64_t seed = kc::test::test_seed();
+  cudaStream_t stream = nullptr;  // its own stream: the test's launches only
+  kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const GatingParams& p : {dsv3_params(515), dsv3_params(4096)}) {
+    if (p.num_tokens == 4096 && kc::test::small_tests_only()) continue;
+    SCOPED_TRACE("T=" + std::to_string(p.num_tokens));
+    const std::size_t tk = static_cast<std::size_t>(p.num_tokens) * static_cast<std::size_t>(p.k);
+    std::vector<float> logits, bias;
+    dsv3_inputs(p.num_tokens, p.num_experts, seed, logits, bias);
+    kc::DeviceBuffer<float> d_logits(logits), source(bias), d_bias(bias.size());
+    kc::DeviceBuffer<std::int32_t> scratch(static_cast<std::size_t>(p.num_experts));
+    kc::test::GuardedOutput<float> weights(tk);
+    kc::test::GuardedOutput<std::int32_t> ids(tk), counts(static_cast<std::size_t>(p.num_experts));
+    const kc::ch04::GatingOutputs out{weights.data(), ids.data(), counts.data()};
+    kc::ch04::gating_after(p, d_logits.data(), source.data(), out, stream);  // load and run once
+    late_producer<<<1, 256, 0, stream>>>(source.data(), d_logits.data(), 0, scratch.data(), p.num_experts, 1);
+    kc::check(cudaStreamSynchronize(stream));
+    weights.poison();
+    ids.poison();
+    counts.poison();
+    d_bias.fill_bytes(kc::test::kPoisonByte);
+    kc::check(cudaDeviceSynchronize());
+    late_producer<<<1, 256, 0, stream>>>(source.data(), d_bias.data(), bias.size(), scratch.data(), p.num_experts,
+                                         50000);
+    kc::check(cudaGetLastError());
+    kc::check(cudaMemsetAsync(scratch.data(), 0, sizeof(std::int32_t), stream));  // not a kernel
+    kc::ch04::gating_after(p, d_logits.data(), d_bias.data(), out, stream);
+    kc::check(cudaStreamSynchronize(stream));
+    const GatingReference ref = kc::ch04::gating_reference(p, widen(logits), widen(bias));
+    EXPECT_EQ(ids.to_host(), ref.ids);
+    kc::test::expect_close(kc::compare<float>(weights.to_host(), ref.weights, kc::test::kPoisonByte), 1e-5, "weights");
+    EXPECT_EQ(counts.to_host(), ref.counts);
+  }
+  kc::check(cudaStreamDestroy(stream));
 }
 
 TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {

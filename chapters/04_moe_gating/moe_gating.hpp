@@ -119,9 +119,16 @@ void gating_before(const GatingParams& params, const __nv_bfloat16* logits, cons
 /// selected with warp-level primitives, normalised in registers and stored once; counts are
 /// fused (a shared-memory histogram per block) or counted by a second tiny kernel (@p count_mode;
 /// by default the launch picks, CountMode::automatic).
+///
+/// On sm_90 the kernels launch early, as programmatic dependents of the kernel before them on
+/// @p stream: they wait for it before reading the logits or writing any output, but DeepSeek-V3's
+/// kernel reads @p correction_bias before that wait, while kernels enqueued before it may still be
+/// running. So the bias, a model parameter, may be written by a kernel on @p stream only if an
+/// operation that is not a kernel (a copy, a memset, a synchronisation) comes between that kernel
+/// and this call.
 /// @param params shape and options
 /// @param logits [T, E] fp32 logits
-/// @param correction_bias deepseek_v3 only: [E] bias or null
+/// @param correction_bias deepseek_v3 only: [E] bias or null; read before the wait (see above)
 /// @param out outputs
 /// @param stream the stream to enqueue on
 /// @param count_mode how counts are produced when out.counts is not null
@@ -130,7 +137,7 @@ void gating_after(const GatingParams& params, const float* logits, const float* 
 /// gating_after() for bf16 logits (16-byte loads of 8 logits, fp32 math).
 /// @param params shape and options
 /// @param logits [T, E] bf16 logits
-/// @param correction_bias deepseek_v3 only: [E] bias or null
+/// @param correction_bias deepseek_v3 only: [E] bias or null; read before the wait (see the fp32 overload)
 /// @param out outputs
 /// @param stream the stream to enqueue on
 /// @param count_mode how counts are produced when out.counts is not null

@@ -35,8 +35,6 @@
 // exp once, and one segment sum (5 shuffles at L = 32) gives the renormalising denominator. The full
 // softmax denominator (softmax_then_topk without renormalisation) needs exp over all E values
 // instead; topk_then_softmax is the renormalised case.
-#include <cooperative_groups.h>
-
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -275,9 +273,10 @@ __device__ __forceinline__ void start_as_dependent() {
 // times fewer requests.
 constexpr unsigned kFlushClusterBlocks = 8;  // blocks a cluster when a kernel flushes in clusters
 
-// The cluster operations of the flush in PTX (sm_90): cooperative_groups' cluster_group does the
-// same through 64-bit generic addresses, and its code cost the selection loop of several kernels
-// registers (one spilled), although it runs once, at the end.
+// The cluster operations in PTX (sm_90), for the clustered flush and the separate counting
+// cluster: cooperative_groups' cluster_group does the same through 64-bit generic addresses, and in
+// the flush its code cost the selection loop of several kernels registers (one spilled), although
+// it runs once, at the end.
 // Where this block is: its cluster's size in blocks (1 when not launched in clusters, and before
 // sm_90) and its rank in it.
 struct ClusterPlace {
@@ -950,7 +949,9 @@ constexpr int kDeepSeekWideWarps = 16;
 template <typename T, int N, int V, int W>
 __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
     fused_deepseek_v3(const T* __restrict__ logits, DeepSeekArgs a) {
-  start_as_dependent();
+  // The kernel behind this one may launch now (as start_as_dependent); the wait for the kernel
+  // before comes only after the prologue below, which reads nothing that kernel writes.
+  allow_dependent_launch();
   constexpr int L = 32;
   constexpr int kChunks = N / V;  // V-vectors a lane holds
   __shared__ int histogram[kMaxExperts];
@@ -967,13 +968,18 @@ __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
   // e / group_size as a multiply and a shift: exact for e, group_size <= 512 (error < 512 / 2^20).
   const unsigned group_reciprocal = ((1u << 20) + static_cast<unsigned>(group_size) - 1) / group_size;
   // The bias, the same for every row, in shared memory rather than N registers a lane: at 64
-  // registers 32 warps fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp.
+  // registers 32 warps fit on an SM, and DeepSeek-V3's 4096 rows are one row a warp. It is a model
+  // parameter: gating_after's contract puts something other than a kernel between any kernel that
+  // writes it and this launch, so it is read before the wait. Its latency and the barrier's are
+  // then spent while the kernel before is still running, not on every row's path
+  // (docs/notes/ch04.md, Session 18).
   __shared__ float bias_of[kMaxExperts];
   for (int e = static_cast<int>(threadIdx.x); e < a.num_experts; e += blockDim.x) {
     bias_of[e] = a.bias != nullptr ? a.bias[e] : 0.0f;
   }
   __syncthreads();
   const float* lane_bias = bias_of + lane * V;  // value j of this lane: lane_bias[(j / V) * L * V + j % V]
+  wait_for_previous_grid();                     // the logits (and, through zero_counts, the zeroed counts) are ready
 
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * W + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * W;
@@ -1134,31 +1140,31 @@ __global__ void __launch_bounds__(kCountThreads)
 
 // sm_90: one cluster of kCountClusterBlocks blocks (launched with that cluster size). Block r counts
 // the r-th share of the ids into its own shared histogram; after a cluster barrier block 0 reads the
-// other blocks' histograms (cluster.map_shared_rank: an address in another block's shared memory),
-// sums them and stores the counts; a second barrier keeps every block, and so its shared memory,
-// alive until block 0 has read it.
+// other blocks' histograms through distributed shared memory (load_from_cluster_block, as the
+// clustered flush does), sums them and stores the counts; a second barrier keeps every block, and so
+// its shared memory, alive until block 0 has read it.
 __global__ void __launch_bounds__(kCountThreads)
     count_experts_cluster(const std::int32_t* __restrict__ ids, int count, int num_experts,
                           std::int32_t* __restrict__ counts) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // launched only on sm_90 (gating_after_impl)
   __shared__ int histogram[kMaxExperts];
   allow_dependent_launch();
   clear_histogram(histogram, num_experts);
   wait_for_previous_grid();  // the ids are the gating kernel's output
-  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
+  const int rank = static_cast<int>(my_cluster_place().rank);
   const int share = (count + kCountClusterBlocks - 1) / kCountClusterBlocks;
   count_ids(histogram, ids, min(count, rank * share), min(count, (rank + 1) * share));
-  cluster.sync();  // every block's histogram is complete and visible to the cluster
+  cluster_barrier();  // every block's histogram is complete and visible to the cluster
   if (rank == 0) {
     for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) {
       int sum = 0;
 #pragma unroll
-      for (int r = 0; r < kCountClusterBlocks; ++r) sum += cluster.map_shared_rank(histogram, r)[e];
+      for (int r = 0; r < kCountClusterBlocks; ++r)
+        sum += load_from_cluster_block(histogram + e, static_cast<unsigned>(r));
       counts[e] = sum;
     }
   }
-  cluster.sync();  // no block exits (its shared memory gone) before block 0 has read it
+  cluster_barrier();  // no block exits (its shared memory gone) before block 0 has read it
 #endif
 }
 
@@ -1168,31 +1174,38 @@ constexpr std::size_t winners_table_bytes(int k) {
   return static_cast<std::size_t>(kWarpsPerBlock) * static_cast<std::size_t>(k + 1) * 32 * sizeof(unsigned);
 }
 
-// SMs of the current device.
-int sm_count() {
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device));
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
+// What a launch needs to know about the current device, asked once a launch (gating_after_impl).
+struct Gpu {
+  int device = 0;
+  int sms = 1;
+  bool sm90_or_later = false;  // griddepcontrol (programmatic dependent launch) and clusters
+};
+
+Gpu current_gpu() {
+  Gpu gpu;
+  int major = 0;
+  check(cudaGetDevice(&gpu.device));
+  check(cudaDeviceGetAttribute(&gpu.sms, cudaDevAttrMultiProcessorCount, gpu.device));
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu.device));
+  gpu.sm90_or_later = major >= 9;
+  return gpu;
 }
 
 // One wave: at most as many blocks as fit on the GPU at once (a grid-stride loop does the rest).
 // A grid of 8 blocks per SM for a kernel of which only 6 fit ran as 1.33 waves, its last third on a
 // quarter of the machine.
-unsigned grid_for(std::int64_t rows, int rows_per_block, int per_sm) {
-  const int sms = sm_count();
+unsigned grid_for(std::int64_t rows, int rows_per_block, int per_sm, const Gpu& gpu) {
   const std::int64_t wanted = (rows + rows_per_block - 1) / rows_per_block;
-  const std::int64_t resident = static_cast<std::int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const std::int64_t resident = static_cast<std::int64_t>(gpu.sms) * (per_sm > 0 ? per_sm : 1);
   return static_cast<unsigned>(wanted < resident ? wanted : resident);
 }
 
 // Blocks of `kernel` that fit on one SM with `dynamic_shared_bytes` each, asked once per device and
 // kept in the caller's `cache` (one per kernel instance): the launch path stays a few cheap host calls.
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std::size_t dynamic_shared_bytes = 0,
-                  int threads = kThreads) {
-  int device = 0;
-  check(cudaGetDevice(&device));
+int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], const Gpu& gpu,
+                  std::size_t dynamic_shared_bytes = 0, int threads = kThreads) {
+  const int device = gpu.device;
   if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) {
     return cache[device].load(std::memory_order_relaxed);
   }
@@ -1209,8 +1222,8 @@ struct LaunchOn {
   bool early;              // programmatic dependent launch (Launching::early on sm_90 or later)
   bool flush_in_clusters;  // the kernel counts (fused) on sm_90, E > kFlushClustersAboveExperts:
                            // gating_grid may use clusters
-  bool sm90_or_later;      // DeepSeek-V3's wide blocks need the 64-register instance, which only
-                           // sm_90's code has (deepseek_min_blocks)
+  Gpu gpu;                 // DeepSeek-V3's wide blocks need gpu.sm90_or_later: the 64-register
+                           // instance (deepseek_min_blocks) is only in sm_90's code
 };
 
 // The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
@@ -1265,10 +1278,9 @@ constexpr int kFlushClustersAboveExperts = 128;
 // Clusters of kFlushClusterBlocks blocks of `kernel` (with `dynamic_shared_bytes` each) that fit on
 // the GPU at once, asked once per device and kept in `cache`, as blocks_per_sm does.
 template <typename Kernel>
-int flush_clusters_resident(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], std::size_t dynamic_shared_bytes,
-                            int threads) {
-  int device = 0;
-  check(cudaGetDevice(&device));
+int flush_clusters_resident(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], const Gpu& gpu,
+                            std::size_t dynamic_shared_bytes, int threads) {
+  const int device = gpu.device;
   if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0) {
     return cache[device].load(std::memory_order_relaxed);
   }
@@ -1305,11 +1317,12 @@ KernelShape gating_grid(Kernel kernel, std::int64_t rows, int rows_per_block, st
                         std::size_t occupancy_shared_bytes, const LaunchOn& on, OccupancyCache& cache,
                         int threads = kThreads) {
   const unsigned blocks =
-      grid_for(rows, rows_per_block, blocks_per_sm(kernel, cache.blocks_per_sm, occupancy_shared_bytes, threads));
+      grid_for(rows, rows_per_block,
+               blocks_per_sm(kernel, cache.blocks_per_sm, on.gpu, occupancy_shared_bytes, threads), on.gpu);
   const std::int64_t wanted = (rows + rows_per_block - 1) / rows_per_block;
   if (on.flush_in_clusters && wanted >= kFlushClustersFromBlocks && wanted <= blocks) {
     const std::int64_t clusters = (wanted + kFlushClusterBlocks - 1) / kFlushClusterBlocks;
-    if (clusters <= flush_clusters_resident(kernel, cache.flush_clusters, occupancy_shared_bytes, threads)) {
+    if (clusters <= flush_clusters_resident(kernel, cache.flush_clusters, on.gpu, occupancy_shared_bytes, threads)) {
       return KernelShape{static_cast<unsigned>(clusters * kFlushClusterBlocks), static_cast<unsigned>(threads),
                          shared_bytes, kFlushClusterBlocks};
     }
@@ -1344,8 +1357,9 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
   if constexpr (kKernel == SoftmaxKernel::version3) {
     const auto kernel = fused_softmax_topk_v3<T, L, N, V>;
     // The tuning row's kernel: never in clusters (its flush takes the one-block path).
-    const KernelShape shape{grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, occupancy.blocks_per_sm)),
-                            kThreads};
+    const KernelShape shape{
+        grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, occupancy.blocks_per_sm, on.gpu), on.gpu),
+        kThreads};
     launch_gating_kernel(kernel, shape, on, logits, a);
   } else {
     constexpr Rounds kSelection =
@@ -1388,7 +1402,7 @@ void dispatch_deepseek(const T* logits, const DeepSeekArgs& a, const LaunchOn& o
     // The wide blocks need the 64-register instance (fp32 in 16-byte vectors, sm_90), whose 32 warps
     // an SM they keep: 2 blocks of 16 warps instead of 4 of 8.
     if constexpr (std::is_same_v<T, float> && V == 4) {
-      if (on.sm90_or_later && a.num_tokens >= static_cast<std::int64_t>(kDeepSeekWideWarps) * sm_count()) {
+      if (on.gpu.sm90_or_later && a.num_tokens >= static_cast<std::int64_t>(kDeepSeekWideWarps) * on.gpu.sms) {
         constexpr int W = kDeepSeekWideWarps;
         const auto kernel = fused_deepseek_v3<T, 8, V, W>;
         launch_gating_kernel(kernel, gating_grid(kernel, a.num_tokens, W, 0, 0, on, occupancy_wide, W * 32), on, logits,
@@ -1414,15 +1428,6 @@ enum class Launching {
              // ch04/tune_fused_v5_ordinary*; Version 5 before Session 15)
 };
 
-// Programmatic dependent launch needs sm_90 (griddepcontrol); older GPUs run the same two kernels
-// one after the other.
-bool dependent_launch_supported() {
-  int device = 0, major = 0;
-  check(cudaGetDevice(&device));
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 9;
-}
-
 template <typename T, SoftmaxKernel kKernel = SoftmaxKernel::after, Launching kLaunching = Launching::early>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
@@ -1433,8 +1438,8 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
                           ") must be a CountMode value");
   }
   if (p.num_tokens == 0) return;
-  const bool sm90_or_later = dependent_launch_supported();  // asked once a launch
-  const std::int64_t count = p.num_tokens * p.k;            // ids to count
+  const Gpu gpu = current_gpu();                  // asked once a launch
+  const std::int64_t count = p.num_tokens * p.k;  // ids to count
   if (count_mode == CountMode::automatic) {
     // Measured (docs/notes/ch04.md, Session 17): fused counting is faster than the separate
     // kernel at every benchmark case. The separate cluster is a second kernel that waits for the
@@ -1448,9 +1453,11 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   // outright, nothing to zero.
   const bool count_small =
       out.counts != nullptr && count_mode == CountMode::separate_kernel && count <= kSmallCountLimit;
-  const bool early = kLaunching == Launching::early && sm90_or_later;
+  // Programmatic dependent launch needs sm_90 (griddepcontrol); older GPUs run the same kernels one
+  // after the other.
+  const bool early = kLaunching == Launching::early && gpu.sm90_or_later;
   const LaunchOn on{stream, early, early && kernel_counts != nullptr && p.num_experts > kFlushClustersAboveExperts,
-                    sm90_or_later};
+                    gpu};
   if (kernel_counts != nullptr && kLaunching == Launching::early) {
     launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
   } else if (out.counts != nullptr && !count_small) {
@@ -1493,7 +1500,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   check_launch();
   if (count_small) {
     const auto small_ids = static_cast<const std::int32_t*>(out.ids);
-    if (sm90_or_later) {  // clusters too
+    if (gpu.sm90_or_later) {  // clusters too
       launch_kernel(count_experts_cluster, KernelShape{kCountClusterBlocks, kCountThreads, 0, kCountClusterBlocks},
                     stream, on.early, small_ids, static_cast<int>(count), p.num_experts, out.counts);
     } else {
@@ -1501,7 +1508,7 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
                     static_cast<int>(count), p.num_experts, out.counts);
     }
   } else if (out.counts != nullptr && count_mode == CountMode::separate_kernel) {
-    const unsigned blocks = grid_for(count, kThreads, 8);
+    const unsigned blocks = grid_for(count, kThreads, 8, gpu);
     count_experts<<<blocks, kThreads, 0, stream>>>(out.ids, count, p.num_experts, out.counts);
     check_launch();
   }
