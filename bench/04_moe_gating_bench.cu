@@ -31,13 +31,15 @@
 // KC_TUNE=1 registers the tuning cases instead (for docs/notes, not for the results tables):
 // ch04/tune_fused_v3 (Version 3 of the fused softmax kernel, which the packed-key kernel replaced),
 // ch04/tune_fused_v4 (the packed-key kernel, Version 4), ch04/tune_fused_v4_prefetch (the same with
-// the row after next prefetched to L2), ch04/tune_fused_v5 (Version 5, fewer ALU instructions a row:
-// `after`), ch04/tune_fused_v5_shuffle_max (Version 5 with the rounds' max by shuffles, not
-// redux.sync), ch04/tune_fused_v5_ordinary (Version 5 launched the ordinary way, the counts zeroed by
-// cudaMemsetAsync, as before Session 15), ch04/tune_fused_v5_no_counts and
+// the row after next prefetched to L2), ch04/tune_fused_v5 (Version 5, fewer ALU instructions a row,
+// one row's epilogue at a time), ch04/tune_fused_v6 (`after`: Version 6, four rows' epilogue at once
+// where a warp has several rows, Version 5 elsewhere), ch04/tune_fused_v6_prefetch (the same with
+// the row after next prefetched to L2), ch04/tune_fused_v5_shuffle_max (Version 5 with the rounds'
+// max by shuffles, not redux.sync), ch04/tune_fused_v5_ordinary (Version 5 launched the ordinary way,
+// the counts zeroed by cudaMemsetAsync, as before Session 15), ch04/tune_fused_v6_no_counts and
 // ch04/tune_fused_v5_ordinary_no_counts (weights and ids only, launched early and the ordinary way),
 // ch04/tune_limit and ch04/tune_limit_memcpy (the copy as a kernel and as cudaMemcpyAsync), and
-// ch04/tune_fused_v5_stream_timed, ch04/tune_limit_stream_timed and
+// ch04/tune_fused_v6_stream_timed, ch04/tune_limit_stream_timed and
 // ch04/tune_limit_memcpy_stream_timed (timed as ordinary launches, not a graph), at T = 65536,
 // 4096 and 16, E = 256, k = 8, so one run compares them.
 #include <algorithm>
@@ -73,6 +75,8 @@ enum class Variant {
   fused_v3,
   fused_v4,
   fused_v4_prefetch,
+  fused_v5,
+  fused_v6_prefetch,
   fused_v5_shuffle_max,
   fused_v5_ordinary,
   fused_v5_ordinary_no_counts
@@ -222,6 +226,8 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::fused_v3: kc::ch04::tune::gating_after_v3(p, set_logits, out, stream); break;
       case Variant::fused_v4_prefetch: kc::ch04::tune::gating_after_prefetch_l2(p, set_logits, out, stream); break;
       case Variant::fused_v4: kc::ch04::tune::gating_after_v4(p, set_logits, out, stream); break;
+      case Variant::fused_v5: kc::ch04::tune::gating_after_v5(p, set_logits, out, stream); break;
+      case Variant::fused_v6_prefetch: kc::ch04::tune::gating_after_v6_prefetch(p, set_logits, out, stream); break;
       case Variant::fused_v5_shuffle_max:
         kc::ch04::tune::gating_after_v5_shuffle_max(p, set_logits, out, stream);
         break;
@@ -343,14 +349,16 @@ void register_tuning(const kc::DeviceInfo& device) {
     } variants[] = {{"tune_fused_v3", Variant::fused_v3, Timing::graph},
                     {"tune_fused_v4", Variant::fused_v4, Timing::graph},
                     {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch, Timing::graph},
-                    {"tune_fused_v5", Variant::after_fused, Timing::graph},
+                    {"tune_fused_v5", Variant::fused_v5, Timing::graph},
+                    {"tune_fused_v6", Variant::after_fused, Timing::graph},
+                    {"tune_fused_v6_prefetch", Variant::fused_v6_prefetch, Timing::graph},
                     {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max, Timing::graph},
                     {"tune_fused_v5_ordinary", Variant::fused_v5_ordinary, Timing::graph},
-                    {"tune_fused_v5_no_counts", Variant::after_no_counts, Timing::graph},
+                    {"tune_fused_v6_no_counts", Variant::after_no_counts, Timing::graph},
                     {"tune_fused_v5_ordinary_no_counts", Variant::fused_v5_ordinary_no_counts, Timing::graph},
                     {"tune_limit", Variant::limit, Timing::graph},
                     {"tune_limit_memcpy", Variant::limit_memcpy, Timing::graph},
-                    {"tune_fused_v5_stream_timed", Variant::after_fused, Timing::stream},
+                    {"tune_fused_v6_stream_timed", Variant::after_fused, Timing::stream},
                     {"tune_limit_stream_timed", Variant::limit, Timing::stream},
                     {"tune_limit_memcpy_stream_timed", Variant::limit_memcpy, Timing::stream}};
     for (const auto& v : variants) {

@@ -136,6 +136,17 @@ TEST(MoeGatingArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
       "workspace_bytes (4) must be >= gating_before_workspace_bytes(params)");
   EXPECT_NO_THROW(kc::ch04::gating_after(softmax_params(0, 8, 2), static_cast<const float*>(nullptr), nullptr, {}))
       << "T = 0 must launch nothing";
+  // The tuning entry points take softmax scorings only, refused before any CUDA call (without a GPU
+  // a CUDA call would throw a different error).
+  const GatingParams dsv3 = dsv3_params(4);
+  const kc::ch04::GatingOutputs host_out{&x, &i, nullptr};
+  for (const auto tuning :
+       {kc::ch04::tune::gating_after_v3, kc::ch04::tune::gating_after_prefetch_l2, kc::ch04::tune::gating_after_v4,
+        kc::ch04::tune::gating_after_v5_shuffle_max, kc::ch04::tune::gating_after_v5_ordinary,
+        kc::ch04::tune::gating_after_v5, kc::ch04::tune::gating_after_v6_prefetch}) {
+    expect_invalid_argument([&] { tuning(dsv3, &x, host_out, nullptr); },
+                            "scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
+  }
   EXPECT_EQ(kc::ch04::gating_before_workspace_bytes(softmax_params(0, 8, 2)), 0u);
 }
 
@@ -299,7 +310,9 @@ enum class Path {
   tune_prefetch_l2,
   tune_v4,
   tune_v5_shuffle_max,
-  tune_v5_ordinary
+  tune_v5_ordinary,
+  tune_v5,
+  tune_v6_prefetch
 };
 const char* path_name(Path p) {
   switch (p) {
@@ -312,6 +325,8 @@ const char* path_name(Path p) {
     case Path::tune_v4: return "tune_v4";
     case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
     case Path::tune_v5_ordinary: return "tune_v5_ordinary";
+    case Path::tune_v5: return "tune_v5";
+    case Path::tune_v6_prefetch: return "tune_v6_prefetch";
   }
   return "unknown";
 }
@@ -322,9 +337,13 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
   } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
-             path == Path::tune_v5_ordinary) {
+             path == Path::tune_v5_ordinary || path == Path::tune_v5 || path == Path::tune_v6_prefetch) {
     if constexpr (std::is_same_v<T, float>) {
-      if (path == Path::tune_prefetch_l2) {
+      if (path == Path::tune_v5) {
+        kc::ch04::tune::gating_after_v5(p, logits, out, stream);
+      } else if (path == Path::tune_v6_prefetch) {
+        kc::ch04::tune::gating_after_v6_prefetch(p, logits, out, stream);
+      } else if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
       } else if (path == Path::tune_v4) {
         kc::ch04::tune::gating_after_v4(p, logits, out, stream);
@@ -436,8 +455,9 @@ TEST_F(MoeGatingGpu, AfterIsExactOnUnstructuredFp32) {
   }
 }
 
-// `after` (Version 5) and the tuning kernels (Version 4, the one `after` falls back to past 2^30
-// logits; Version 4 with the L2 prefetch) must agree with the reference exactly: on every layout
+// `after` (Version 6 past one grid of rows at E <= 256, k = 8; Version 5 elsewhere) and the tuning
+// kernels (Version 5 alone; Version 6 with the L2 prefetch; Version 4, the one `after` falls back
+// to past 2^30 logits; Version 4 with the L2 prefetch) must agree with the reference exactly: on every layout
 // (E from 8 to 512), k up to 32 (Version 5 keeps k + 1 winners in shared memory), and on grids with
 // a partial last round of rows.
 TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
@@ -457,6 +477,8 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::tune_v4, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5_ordinary, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v5, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v6_prefetch, softmax_params(t, e, k, true), logits);
       }
     }
   }
@@ -491,6 +513,74 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
       check_case(path, softmax_params(7, e, std::min(e, 6), false), logits);
       check_case(path, softmax_params(7, e, std::min(e, 6), true), logits);
     }
+  }
+}
+
+// Rows past one grid: there a warp has several rows, so `after` runs Version 6 at E from 129 to 256
+// and k = 8 (four rows selected, then one shared epilogue, lane 8 b + r finishing winner r of row
+// b). On a 1/64 grid ties are common, so rows whose consecutive winners share a prefix (redone
+// exactly inside the batch) fall at every position of a batch, and the warps' last batches are
+// partial (70001 rows; 11003 with KC_SMALL_TESTS, still about two rows a warp on an H200). k = 6,
+// the full softmax and E = 512 check that those launches keep Version 5.
+TEST_F(MoeGatingGpu, BatchedEpilogueRedoesAnyRowOfTheBatch) {
+  const std::uint64_t seed = kc::test::test_seed();
+  const std::int64_t t = kc::test::small_tests_only() ? 11003 : 70001;
+  for (int e : {160, 256, 512}) {
+    const auto logits = grid_logits(static_cast<std::size_t>(t * e), seed + e);
+    if (e <= 256) {
+      for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v5, Path::tune_v6_prefetch}) {
+        check_case(path, softmax_params(t, e, 8, true), logits);
+        GatingParams p = softmax_params(t, e, 8);
+        p.scoring = Scoring::topk_then_softmax;
+        check_case(path, p, logits);
+      }
+      check_case(Path::after_fused, softmax_params(t, e, 8, false), logits);  // full softmax: Version 5
+    }
+    check_case(Path::after_fused, softmax_params(t, e, 6, true), logits);  // k = 6 (and E = 512): Version 5
+  }
+}
+
+// Every special value of the policy, in rows past one grid (where the batched kernel runs): every
+// eighth row gets NaNs of both signs with random payloads, +-Inf, -0 beside +0; one in four of
+// those rows is almost all special, so NaNs and -Inf reach the winners.
+TEST_F(MoeGatingGpu, BatchedEpilogueFollowsTheNanPolicy) {
+  const std::uint64_t seed = kc::test::test_seed();
+  const std::int64_t t = kc::test::small_tests_only() ? 11003 : 40009;
+  std::mt19937_64 rng(seed);
+  const auto special = [&]() {
+    const unsigned payload = 1u + static_cast<unsigned>(rng() % 0x7FFFFFu);
+    unsigned bits = 0;
+    switch (rng() % 6) {
+      case 0: bits = 0x7F800000u | payload; break;  // NaN
+      case 1: bits = 0xFF800000u | payload; break;  // NaN, sign bit set
+      case 2: bits = 0x7F800000u; break;            // +Inf
+      case 3: bits = 0xFF800000u; break;            // -Inf
+      case 4: bits = 0x80000000u; break;            // -0
+      default: bits = 0u; break;                    // +0
+    }
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  };
+  for (int e : {160, 256}) {
+    std::vector<float> logits = grid_logits(static_cast<std::size_t>(t * e), seed + e);
+    for (std::int64_t r = 0; r < t; r += 8) {
+      float* row = logits.data() + r * e;
+      const bool almost_all = (r / 8) % 4 == 3;
+      const int count = almost_all ? e - 3 : 1 + static_cast<int>(rng() % 12);
+      for (int i = 0; i < count; ++i) row[rng() % static_cast<unsigned>(e)] = special();
+      if (!almost_all) {  // a -0 beside a +0: equal values, so the lower id must win
+        row[rng() % static_cast<unsigned>(e)] = -0.0f;
+        row[rng() % static_cast<unsigned>(e)] = 0.0f;
+      }
+    }
+    for (Path path : {Path::after_fused, Path::tune_v5, Path::tune_v6_prefetch}) {
+      check_case(path, softmax_params(t, e, 8, true), logits);
+      GatingParams p = softmax_params(t, e, 8);
+      p.scoring = Scoring::topk_then_softmax;
+      check_case(path, p, logits);
+    }
+    check_case(Path::after_fused, softmax_params(t, e, 6, true), logits);  // Version 5
   }
 }
 

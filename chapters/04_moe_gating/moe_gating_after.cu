@@ -885,6 +885,168 @@ __global__ void __launch_bounds__(kThreads)
   flush_histogram(histogram, a.num_experts, a.counts);
 }
 
+// ---------------------------------------------------------------- Version 6: the epilogue of four rows at once
+//
+// Version 5's sm_90 SASS (E = 256, k = 8) spends about 67 of a row's 242 instructions on the
+// epilogue: read the winners back, reload their logits, exp, the segment sum, the reciprocal, the
+// stores, the histogram. It runs with k = 8 of the 32 lanes busy. Version 6 selects kBatchRows = 32
+// / k rows first, each leaving its k + 1 winners in its own rows of the winners table, and then
+// finishes them together: lane k * b + r takes row b's winner r. One epilogue pass serves four rows.
+//
+// With k a compile-time constant (kFixedK = 8, the k of most routings with E = 256) the rounds are
+// unrolled too: a rolled round was 12 SASS instructions, 4 of them for the loop (counter, compare,
+// branch, the store's address); unrolled, each round's store has a constant offset.
+//
+// A warp batches only rows it owns: rows first_row, first_row + stride, ... (the grid stride). So
+// batches exist only when the launch gives a warp more than one row, i.e. more rows than one grid
+// holds; below that `after` runs Version 5 (launch_softmax), where a batch would be one row plus
+// the bookkeeping.
+//
+// The sum over a row's k lanes is an 8-lane xor butterfly: Version 5 sums 32 lanes of which the
+// other 24 hold +0, and adding +0 changes nothing, so both give the same bits.
+constexpr int kFixedK = 8;
+constexpr int kBatchRows = 32 / kFixedK;
+
+// The k rounds on packed keys plus round k (the (k+1)-th, for the prefix check), unrolled. Round r
+// stores its winner to row r of the lane's column; every lane stores the same value to its own
+// column, so a later read of the lane's own column needs no barrier (as Version 5).
+template <int N, int kK>
+__device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&packed)[N], unsigned* column) {
+  unsigned c1, c2;
+  top2_packed<0, N>(packed, c1, c2);
+#pragma unroll
+  for (int r = 0; r <= kK; ++r) {
+    const unsigned best = __reduce_max_sync(kFullMask, c1);
+    column[r * 32] = best;
+    if (r == kK) break;
+    const bool won = c1 == best;
+    const bool dry = won && c1 == c2;  // won, and no second candidate known
+    c1 = won ? c2 : c1;                // after a win c1 == c2: "no second" until a rescan
+    if (__any_sync(kFullMask, dry)) {
+      unsigned below[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) below[j] = packed[j] < best ? packed[j] : kTakenKey;
+      top2_packed<0, N>(below, c1, c2);
+    }
+  }
+}
+
+// Version 6: a warp a row (L = 32), k = kK, the renormalised (or top-k-then-softmax) weights, rows
+// and outputs counted in 32 bits (gating_rows_fit_int32()). The second number of __launch_bounds__
+// keeps 5 blocks an SM (48 registers): without it ptxas took 59 registers, 4 blocks.
+// kPrefetchL2: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v6_prefetch), the row after next
+// asked of L2 as Version 4's candidate does (docs/notes/ch04.md, Sessions 9 and 20).
+template <typename T, int N, int V, int kK, bool kPrefetchL2 = false>
+__global__ void __launch_bounds__(kThreads, 5)
+    fused_softmax_topk_batched(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
+  start_as_dependent();
+  constexpr int L = 32;
+  constexpr int kIdBits = id_bits<L, N>();
+  constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
+  constexpr int kWinnerRows = kK + 1;  // rows of the winners table a batch row needs
+  static_assert(kK * kBatchRows == 32, "the epilogue gives each lane one winner of one row");
+  constexpr bool kMayShareExactPrefix = sizeof(T) == 4;
+  __shared__ int histogram[kMaxExperts];
+  // Each warp: kBatchRows x (k + 1) rows of 32 words, one column a lane (36 KB a block at k = 8).
+  __shared__ unsigned winners_table[kWarpsPerBlock][kBatchRows * kWinnerRows * 32];
+  clear_histogram(histogram, a.num_experts);
+
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int lane_first = expert_of<L, V>(0, lane);
+  const int tokens = static_cast<int>(a.num_tokens);
+  const int stride_rows = static_cast<int>(stride.rows);
+  const int warp = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
+  const bool lane_has_padding = expert_of<L, V>(N - V, lane) >= a.num_experts;
+  unsigned* const column = &winners_table[threadIdx.x / 32][lane];
+  // In the epilogue this lane finishes winner `rank` of batch row `batch_row`: rows `rank` and
+  // `rank` + 1 of that batch row's part of its own column.
+  const int batch_row = lane / kK;
+  const int rank = lane % kK;
+  const unsigned* const my_winners = column + (batch_row * kWinnerRows + rank) * 32;
+
+  const T* lane_logits = logits + static_cast<std::int64_t>(warp) * a.num_experts + lane_first;
+  float x[N] = {};  // the row being selected, loaded one row ahead (Version 5's software pipeline)
+  load_row_if<T, L, N, V>(lane_logits, warp < tokens, a.num_experts, lane, x);
+  const int batch_stride = kBatchRows * stride_rows;
+  for (int first_row = warp; first_row < tokens; first_row += batch_stride) {
+    __syncwarp();  // converged (the bound is warp-uniform): no BRA.DIV before redux and votes
+    int rows_in_batch = 0;
+#pragma unroll 1
+    for (int b = 0; b < kBatchRows; ++b) {
+      const int row = first_row + b * stride_rows;
+      if (row >= tokens) break;  // warp-uniform
+      unsigned packed[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, lane);
+      // Version 5's NaN test: a NaN (or +Inf meeting -Inf) makes the sum NaN.
+      float even = x[0], odd_sum = x[1];
+#pragma unroll
+      for (int j = 2; j < N; j += 2) {
+        even += x[j];
+        odd_sum += x[j + 1];
+      }
+      const float sum = even + odd_sum;
+      if (__any_sync(kFullMask, lane_has_padding || sum != sum)) {
+        fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
+      }
+      load_row_if<T, L, N, V>(lane_logits + stride.logits, row + stride_rows < tokens, a.num_experts, lane, x);
+      if constexpr (kPrefetchL2) {
+        if (row + 2 * stride_rows < tokens)
+          prefetch_row_l2<T, L, N, V>(lane_logits + 2 * stride.logits, a.num_experts, lane);
+      }
+      select_top_k_packed_unrolled<N, kK>(packed, column + b * kWinnerRows * 32);
+      lane_logits += stride.logits;
+      rows_in_batch = b + 1;
+    }
+
+    // The epilogue of the batch: lane k * b + r, winner r of row b.
+    const bool active = batch_row < rows_in_batch;
+    const int my_row = first_row + batch_row * stride_rows;
+    int id = 0;
+    bool shared_prefix = false;
+    if (active) {
+      const unsigned mine = my_winners[0];
+      const unsigned next = my_winners[32];  // winner r + 1 (the (k+1)-th for r = k - 1)
+      id = static_cast<int>(~mine & kIdMask);
+      shared_prefix = (mine ^ next) <= kIdMask;
+    }
+    if constexpr (kMayShareExactPrefix) {
+      // Rare: a row whose consecutive winners share a prefix is redone exactly, by the whole warp
+      // (Version 5's fallback), one row at a time; lane k * b + r takes winner r from lane r.
+      unsigned redo = __ballot_sync(kFullMask, shared_prefix);
+      while (redo != 0) {  // warp-uniform
+        const int b = (__ffs(static_cast<int>(redo)) - 1) / kK;
+        redo &= ~(((1u << kK) - 1u) << (b * kK));
+        const int row = first_row + b * stride_rows;
+        float y[N];
+        load_row<T, L, N, V>(logits + static_cast<std::int64_t>(row) * a.num_experts, true, a.num_experts, lane, y);
+        unsigned key[N];
+        to_keys<L, N, V>(
+            y, true, a.num_experts, lane, [](float v, int) { return v; }, key);
+        int exact[1] = {0};
+        select_top_k_exact<L, N, V>(key, lane, kK, exact);
+        const int exact_id = __shfl_sync(kFullMask, exact[0], rank);
+        if (batch_row == b) id = exact_id;
+      }
+    }
+    const T* const my_row_logits = logits + static_cast<std::int64_t>(my_row) * a.num_experts;
+    const float value = active ? detail::to_float(my_row_logits[id]) : __int_as_float(0x7FC00000);  // NaN: 0
+    const float row_max = __shfl_sync(kFullMask, value, lane - rank);  // winner 0: the row's largest
+    const float mass = softmax_mass_fast(value, row_max, row_max > -__int_as_float(0x7f800000));
+    float total = mass;
+#pragma unroll
+    for (int offset = kK / 2; offset > 0; offset /= 2) total += __shfl_xor_sync(kFullMask, total, offset);
+    const float reciprocal = rcp_ftz(fmaxf(total, 1.0f));  // as Version 5: 0 or at least 1
+    if (active) {
+      const int out = my_row * kK + rank;
+      a.weights[out] = mass * reciprocal;
+      a.ids[out] = id;
+      atomicAdd(histogram + id, 1);  // flushed only when counts are wanted
+    }
+  }
+  flush_histogram(histogram, a.num_experts, a.counts);
+}
+
 struct DeepSeekArgs {
   const float* bias;  // [E] or null
   float* weights;
@@ -1339,10 +1501,15 @@ void launch_gating_kernel(void (*kernel)(Params...), const KernelShape& shape, c
   launch_kernel(kernel, shape, on.stream, on.early, std::forward<Args>(args)...);
 }
 
-// Which fused softmax kernel a launch runs: `after`'s choice (Version 5, or Version 4 where Version
-// 5's 32-bit counters do not reach), or one the benchmark's tuning cases measure beside it.
+// Which fused softmax kernel a launch runs: `after`'s choice (Version 6 where it applies, else
+// Version 5, or Version 4 where 32-bit counters do not reach), or one the benchmark's tuning cases
+// measure beside it.
 enum class SoftmaxKernel {
-  after,                 // Version 5 when gating_rows_fit_int32(), Version 4 otherwise
+  after,                 // version6 when gating_rows_fit_int32(), Version 4 otherwise
+  version6,              // the batched epilogue (fp32, 129 <= E <= 256 in 16-byte rows, k = 8, weights
+                         // renormalised, more rows than one grid holds), Version 5 otherwise
+  version6_prefetch,     // version6 with the row after next prefetched to L2 (Version 5 where version6
+                         // runs Version 5)
   version5,              // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
   version4,              // the packed-key kernel before it (64-bit rows)
   version3,              // the kernel before that (full 32-bit keys)
@@ -1362,9 +1529,22 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
         kThreads};
     launch_gating_kernel(kernel, shape, on, logits, a);
   } else {
+    constexpr bool kVersion6 = kKernel == SoftmaxKernel::version6 || kKernel == SoftmaxKernel::version6_prefetch;
+    if constexpr (kVersion6 && std::is_same_v<T, float> && L == 32 && N == 8 && V == 4) {
+      if (a.k == kFixedK && !a.full_softmax) {
+        static OccupancyCache batched_occupancy;
+        const auto kernel = fused_softmax_topk_batched<T, N, V, kFixedK, kKernel == SoftmaxKernel::version6_prefetch>;
+        const KernelShape shape = gating_grid(kernel, a.num_tokens, kRowsPerBlock, 0, 0, on, batched_occupancy);
+        const std::int64_t rows = static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock;
+        if (rows < a.num_tokens) {  // some warp has more than one row: batches pay
+          launch_gating_kernel(kernel, shape, on, logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
+          return;
+        }
+      }
+    }
     constexpr Rounds kSelection =
         kKernel == SoftmaxKernel::version5_shuffle_max ? Rounds::shuffle_top2 : Rounds::redux_top2;
-    constexpr bool kLean = kKernel == SoftmaxKernel::version5 || kSelection != Rounds::redux_top2;
+    constexpr bool kLean = kKernel == SoftmaxKernel::version5 || kVersion6 || kSelection != Rounds::redux_top2;
     const auto kernel = fused_softmax_topk<T, L, N, V, kKernel == SoftmaxKernel::version4_prefetch, kLean, kSelection>;
     // Version 5 at L = 32 keeps k + 1 winners a lane in shared memory. The grid is sized for k = 32,
     // the most any launch needs, so the occupancy asked once per device holds for every k.
@@ -1437,6 +1617,9 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
     throw InvalidArgument("count_mode (" + std::to_string(static_cast<int>(count_mode)) +
                           ") must be a CountMode value");
   }
+  if (kKernel != SoftmaxKernel::after && p.scoring == Scoring::deepseek_v3) {  // before anything is launched
+    throw InvalidArgument("scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
+  }
   if (p.num_tokens == 0) return;
   const Gpu gpu = current_gpu();                  // asked once a launch
   const std::int64_t count = p.num_tokens * p.k;  // ids to count
@@ -1467,9 +1650,6 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   // 16-byte vectors when every row starts 16-byte aligned; otherwise one element per load.
   constexpr int kVector = 16 / sizeof(T);
   const bool vector = p.num_experts % kVector == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
-  if (kKernel != SoftmaxKernel::after && p.scoring == Scoring::deepseek_v3) {
-    throw InvalidArgument("scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
-  }
   if (p.scoring == Scoring::deepseek_v3) {
     const DeepSeekArgs a{bias,          out.weights, out.ids,   kernel_counts, p.num_tokens,
                          p.num_experts, p.k,         p.n_group, p.topk_group,  p.routed_scaling_factor};
@@ -1487,9 +1667,9 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
       vector ? dispatch_softmax<T, kVector, kRun>(logits, a, on) : dispatch_softmax<T, 1, kRun>(logits, a, on);
     };
     if constexpr (kKernel == SoftmaxKernel::after) {
-      // Version 5 counts rows in 32 bits; beyond 2^30 logits (4 Mi tokens at E = 256) Version 4 runs.
+      // Versions 5 and 6 count rows in 32 bits; beyond 2^30 logits (4 Mi tokens at E = 256) Version 4 runs.
       if (gating_rows_fit_int32(p)) {
-        run(std::integral_constant<SoftmaxKernel, SoftmaxKernel::version5>{});
+        run(std::integral_constant<SoftmaxKernel, SoftmaxKernel::version6>{});
       } else {
         run(std::integral_constant<SoftmaxKernel, SoftmaxKernel::version4>{});
       }
@@ -1542,14 +1722,14 @@ void gating_after_v4(const GatingParams& params, const float* logits, const Gati
   gating_after_impl<float, SoftmaxKernel::version4>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
-// A Version 5 tuning kernel: Version 5's own rule (at most 2^30 logits) after the common checks.
+// A tuning kernel of Version 5 or 6: their rule (at most 2^30 logits) after the common checks.
 template <SoftmaxKernel kKernel, Launching kLaunching = Launching::early>
 void gating_after_version5_tuning(const GatingParams& params, const float* logits, const GatingOutputs& out,
                                   cudaStream_t stream) {
   validate_gating(params, logits, nullptr, out);
   if (!gating_rows_fit_int32(params)) {
     throw InvalidArgument("params.num_tokens * params.num_experts (" + std::to_string(params.num_tokens) + " * " +
-                          std::to_string(params.num_experts) + ") must be at most 2^30 for Version 5");
+                          std::to_string(params.num_experts) + ") must be at most 2^30 for Versions 5 and 6");
   }
   gating_after_impl<float, kKernel, kLaunching>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
@@ -1562,6 +1742,15 @@ void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits
 void gating_after_v5_ordinary(const GatingParams& params, const float* logits, const GatingOutputs& out,
                               cudaStream_t stream) {
   gating_after_version5_tuning<SoftmaxKernel::version5, Launching::ordinary>(params, logits, out, stream);
+}
+
+void gating_after_v5(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version5>(params, logits, out, stream);
+}
+
+void gating_after_v6_prefetch(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                              cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version6_prefetch>(params, logits, out, stream);
 }
 
 }  // namespace tune

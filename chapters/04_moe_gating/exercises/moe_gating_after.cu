@@ -988,33 +988,59 @@ void gating_after(const GatingParams& params, const __nv_bfloat16* logits, const
 
 namespace tune {
 
+namespace {
+
+// The tuning entry points take softmax scorings only (moe_gating.hpp): refused before anything is
+// launched, as the solution does.
+void refuse_deepseek(const GatingParams& params) {
+  if (params.scoring == Scoring::deepseek_v3) {
+    throw InvalidArgument("scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
+  }
+}
+
+// The solution's tuning rows measure its other kernels (the L2 prefetch, Versions 4, 5 and 6 and
+// their variants); here each runs the kernel you write, so its test checks your kernel once more.
+void run_exercise_kernel(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                         cudaStream_t stream) {
+  validate_gating(params, logits, nullptr, out);
+  refuse_deepseek(params);
+  gating_after_impl<float>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+}
+
+}  // namespace
+
 void gating_after_v3(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
+  validate_gating(params, logits, nullptr, out);
+  refuse_deepseek(params);
   gating_after_impl<float, true>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
 }
 
-// The solution's L2-prefetch candidate is a tuning row, not part of this exercise: here it runs the
-// kernel you write, so its test checks your kernel once more.
 void gating_after_prefetch_l2(const GatingParams& params, const float* logits, const GatingOutputs& out,
                               cudaStream_t stream) {
-  gating_after_impl<float>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+  run_exercise_kernel(params, logits, out, stream);
 }
 
-// The exercise's kernel is Version 4 (the solution's `after` is Version 5, built on it), so the
-// Version 4 tuning row runs the kernel you write too.
 void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
-  gating_after_impl<float>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+  run_exercise_kernel(params, logits, out, stream);
 }
 
-// The solution's shuffle-max and ordinary-launch rows are tuning rows of Version 5; here they run the kernel
-// you write.
 void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
                                  cudaStream_t stream) {
-  gating_after_impl<float>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+  run_exercise_kernel(params, logits, out, stream);
 }
 
 void gating_after_v5_ordinary(const GatingParams& params, const float* logits, const GatingOutputs& out,
                               cudaStream_t stream) {
-  gating_after_impl<float>(params, logits, nullptr, out, stream, CountMode::fused_atomics);
+  run_exercise_kernel(params, logits, out, stream);
+}
+
+void gating_after_v5(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
+  run_exercise_kernel(params, logits, out, stream);
+}
+
+void gating_after_v6_prefetch(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                              cudaStream_t stream) {
+  run_exercise_kernel(params, logits, out, stream);
 }
 
 }  // namespace tune
