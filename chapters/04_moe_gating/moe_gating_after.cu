@@ -908,8 +908,9 @@ constexpr int kFixedK = 8;
 constexpr int kBatchRows = 32 / kFixedK;
 
 // The k rounds on packed keys plus round k (the (k+1)-th, for the prefix check), unrolled. Round r
-// stores its winner to row r of the lane's column; every lane stores the same value to its own
-// column, so a later read of the lane's own column needs no barrier (as Version 5).
+// stores its winner to row r of the lane's column (`column[r * 32]`: a constant offset); every lane
+// stores the same value to its own column, so a later read of the lane's own column needs no
+// barrier (as Version 5).
 template <int N, int kK>
 __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&packed)[N], unsigned* column) {
   unsigned c1, c2;
@@ -931,21 +932,80 @@ __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&pa
   }
 }
 
+// The epilogue of a batch of Version 6 (one call for up to kBatchRows rows): lane k * b + r finishes
+// winner r of batch row b, reading rows r and r + 1 of that row's part of its own column
+// (`my_winners`). `first_row` is the batch's first row; its rows are
+// `stride_rows` apart. Rows whose consecutive winners share a prefix are redone exactly, by the
+// whole warp (Version 5's fallback), one row at a time; lane k * b + r takes winner r from lane r.
+template <typename T, int N, int V, int kK>
+__device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const SoftmaxArgs& a, int first_row,
+                                             int rows_in_batch, int stride_rows, const unsigned* my_winners,
+                                             int* histogram) {
+  constexpr int L = 32;
+  constexpr unsigned kIdMask = (1u << id_bits<L, N>()) - 1u;
+  constexpr bool kMayShareExactPrefix = sizeof(T) == 4;  // bf16: the prefix is the whole key
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int batch_row = lane / kK;
+  const int rank = lane % kK;
+  const bool active = batch_row < rows_in_batch;
+  const int my_row = first_row + batch_row * stride_rows;
+  int id = 0;
+  bool shared_prefix = false;
+  if (active) {
+    const unsigned mine = my_winners[0];
+    const unsigned next = my_winners[32];  // the (k+1)-th for r = k - 1
+    id = static_cast<int>(~mine & kIdMask);
+    shared_prefix = (mine ^ next) <= kIdMask;
+  }
+  if constexpr (kMayShareExactPrefix) {
+    const unsigned redo = __ballot_sync(kFullMask, shared_prefix);
+#pragma unroll 1
+    for (int b = 0; b < rows_in_batch; ++b) {
+      if (((redo >> (b * kK)) & ((1u << kK) - 1u)) == 0u) continue;  // warp-uniform
+      float y[N];
+      load_row<T, L, N, V>(logits + static_cast<std::int64_t>(first_row + b * stride_rows) * a.num_experts, true,
+                           a.num_experts, lane, y);
+      unsigned key[N];
+      to_keys<L, N, V>(
+          y, true, a.num_experts, lane, [](float v, int) { return v; }, key);
+      int exact[1] = {0};
+      select_top_k_exact<L, N, V>(key, lane, kK, exact);
+      const int exact_id = __shfl_sync(kFullMask, exact[0], rank);
+      if (batch_row == b) id = exact_id;
+    }
+  }
+  const T* const my_row_logits = logits + static_cast<std::int64_t>(my_row) * a.num_experts;
+  const float value = active ? detail::to_float(my_row_logits[id]) : __int_as_float(0x7FC00000);  // NaN: 0
+  const float row_max = __shfl_sync(kFullMask, value, lane - rank);  // winner 0: the row's largest
+  const float mass = softmax_mass_fast(value, row_max, row_max > -__int_as_float(0x7f800000));
+  float total = mass;
+#pragma unroll
+  for (int offset = kK / 2; offset > 0; offset /= 2) total += __shfl_xor_sync(kFullMask, total, offset);
+  const float reciprocal = rcp_ftz(fmaxf(total, 1.0f));  // as Version 5: 0 or at least 1
+  if (active) {
+    const int out = my_row * kK + rank;
+    a.weights[out] = mass * reciprocal;
+    a.ids[out] = id;
+    atomicAdd(histogram + id, 1);  // flushed only when counts are wanted
+  }
+}
+
 // Version 6: a warp a row (L = 32), k = kK, the renormalised (or top-k-then-softmax) weights, rows
 // and outputs counted in 32 bits (gating_rows_fit_int32()). The second number of __launch_bounds__
 // keeps 5 blocks an SM (48 registers): without it ptxas took 59 registers, 4 blocks.
 // kPrefetchL2: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v6_prefetch), the row after next
 // asked of L2 as Version 4's candidate does (docs/notes/ch04.md, Sessions 9 and 20).
+// The row loop has Version 5's shape, one row an iteration (with the batch's rows as an inner loop,
+// ptxas could no longer tell that the warp is converged and put a BRA.DIV before every round's
+// redux.sync); every kBatchRows rows, and after the warp's last row, finish_batch runs.
 template <typename T, int N, int V, int kK, bool kPrefetchL2 = false>
 __global__ void __launch_bounds__(kThreads, 5)
     fused_softmax_topk_batched(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   start_as_dependent();
   constexpr int L = 32;
   constexpr int kIdBits = id_bits<L, N>();
-  constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
   constexpr int kWinnerRows = kK + 1;  // rows of the winners table a batch row needs
   static_assert(kK * kBatchRows == 32, "the epilogue gives each lane one winner of one row");
-  constexpr bool kMayShareExactPrefix = sizeof(T) == 4;
   __shared__ int histogram[kMaxExperts];
   // Each warp: kBatchRows x (k + 1) rows of 32 words, one column a lane (36 KB a block at k = 8).
   __shared__ unsigned winners_table[kWarpsPerBlock][kBatchRows * kWinnerRows * 32];
@@ -958,90 +1018,42 @@ __global__ void __launch_bounds__(kThreads, 5)
   const int warp = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
   const bool lane_has_padding = expert_of<L, V>(N - V, lane) >= a.num_experts;
   unsigned* const column = &winners_table[threadIdx.x / 32][lane];
-  // In the epilogue this lane finishes winner `rank` of batch row `batch_row`: rows `rank` and
-  // `rank` + 1 of that batch row's part of its own column.
-  const int batch_row = lane / kK;
-  const int rank = lane % kK;
-  const unsigned* const my_winners = column + (batch_row * kWinnerRows + rank) * 32;
+  constexpr int kBatchRowWords = kWinnerRows * 32;  // one batch row's part of the table
+  // The words this lane reads in finish_batch: winner `rank` of batch row `batch_row`.
+  const unsigned* const my_winners = column + (lane / kK) * kBatchRowWords + (lane % kK) * 32;
 
   const T* lane_logits = logits + static_cast<std::int64_t>(warp) * a.num_experts + lane_first;
   float x[N] = {};  // the row being selected, loaded one row ahead (Version 5's software pipeline)
   load_row_if<T, L, N, V>(lane_logits, warp < tokens, a.num_experts, lane, x);
-  const int batch_stride = kBatchRows * stride_rows;
-  for (int first_row = warp; first_row < tokens; first_row += batch_stride) {
+  int b = 0;  // the row's place in its batch
+  for (int row = warp; row < tokens; row += stride_rows) {
     __syncwarp();  // converged (the bound is warp-uniform): no BRA.DIV before redux and votes
-    int rows_in_batch = 0;
-#pragma unroll 1
-    for (int b = 0; b < kBatchRows; ++b) {
-      const int row = first_row + b * stride_rows;
-      if (row >= tokens) break;  // warp-uniform
-      unsigned packed[N];
+    unsigned packed[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, lane);
-      // Version 5's NaN test: a NaN (or +Inf meeting -Inf) makes the sum NaN.
-      float even = x[0], odd_sum = x[1];
+    for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, lane);
+    // Version 5's NaN test: a NaN (or +Inf meeting -Inf) makes the sum NaN.
+    float even = x[0], odd_sum = x[1];
 #pragma unroll
-      for (int j = 2; j < N; j += 2) {
-        even += x[j];
-        odd_sum += x[j + 1];
-      }
-      const float sum = even + odd_sum;
-      if (__any_sync(kFullMask, lane_has_padding || sum != sum)) {
-        fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
-      }
-      load_row_if<T, L, N, V>(lane_logits + stride.logits, row + stride_rows < tokens, a.num_experts, lane, x);
-      if constexpr (kPrefetchL2) {
-        if (row + 2 * stride_rows < tokens)
-          prefetch_row_l2<T, L, N, V>(lane_logits + 2 * stride.logits, a.num_experts, lane);
-      }
-      select_top_k_packed_unrolled<N, kK>(packed, column + b * kWinnerRows * 32);
-      lane_logits += stride.logits;
-      rows_in_batch = b + 1;
+    for (int j = 2; j < N; j += 2) {
+      even += x[j];
+      odd_sum += x[j + 1];
     }
-
-    // The epilogue of the batch: lane k * b + r, winner r of row b.
-    const bool active = batch_row < rows_in_batch;
-    const int my_row = first_row + batch_row * stride_rows;
-    int id = 0;
-    bool shared_prefix = false;
-    if (active) {
-      const unsigned mine = my_winners[0];
-      const unsigned next = my_winners[32];  // winner r + 1 (the (k+1)-th for r = k - 1)
-      id = static_cast<int>(~mine & kIdMask);
-      shared_prefix = (mine ^ next) <= kIdMask;
+    const float sum = even + odd_sum;
+    if (__any_sync(kFullMask, lane_has_padding || sum != sum)) {
+      fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
     }
-    if constexpr (kMayShareExactPrefix) {
-      // Rare: a row whose consecutive winners share a prefix is redone exactly, by the whole warp
-      // (Version 5's fallback), one row at a time; lane k * b + r takes winner r from lane r.
-      unsigned redo = __ballot_sync(kFullMask, shared_prefix);
-      while (redo != 0) {  // warp-uniform
-        const int b = (__ffs(static_cast<int>(redo)) - 1) / kK;
-        redo &= ~(((1u << kK) - 1u) << (b * kK));
-        const int row = first_row + b * stride_rows;
-        float y[N];
-        load_row<T, L, N, V>(logits + static_cast<std::int64_t>(row) * a.num_experts, true, a.num_experts, lane, y);
-        unsigned key[N];
-        to_keys<L, N, V>(
-            y, true, a.num_experts, lane, [](float v, int) { return v; }, key);
-        int exact[1] = {0};
-        select_top_k_exact<L, N, V>(key, lane, kK, exact);
-        const int exact_id = __shfl_sync(kFullMask, exact[0], rank);
-        if (batch_row == b) id = exact_id;
+    const bool more = row + stride_rows < tokens;  // warp-uniform
+    load_row_if<T, L, N, V>(lane_logits + stride.logits, more, a.num_experts, lane, x);
+    if constexpr (kPrefetchL2) {
+      if (row + 2 * stride_rows < tokens) {
+        prefetch_row_l2<T, L, N, V>(lane_logits + 2 * stride.logits, a.num_experts, lane);
       }
     }
-    const T* const my_row_logits = logits + static_cast<std::int64_t>(my_row) * a.num_experts;
-    const float value = active ? detail::to_float(my_row_logits[id]) : __int_as_float(0x7FC00000);  // NaN: 0
-    const float row_max = __shfl_sync(kFullMask, value, lane - rank);  // winner 0: the row's largest
-    const float mass = softmax_mass_fast(value, row_max, row_max > -__int_as_float(0x7f800000));
-    float total = mass;
-#pragma unroll
-    for (int offset = kK / 2; offset > 0; offset /= 2) total += __shfl_xor_sync(kFullMask, total, offset);
-    const float reciprocal = rcp_ftz(fmaxf(total, 1.0f));  // as Version 5: 0 or at least 1
-    if (active) {
-      const int out = my_row * kK + rank;
-      a.weights[out] = mass * reciprocal;
-      a.ids[out] = id;
-      atomicAdd(histogram + id, 1);  // flushed only when counts are wanted
+    select_top_k_packed_unrolled<N, kK>(packed, column + b * kBatchRowWords);
+    lane_logits += stride.logits;
+    if (++b == kBatchRows || !more) {
+      finish_batch<T, N, V, kK>(logits, a, row - (b - 1) * stride_rows, b, stride_rows, my_winners, histogram);
+      b = 0;
     }
   }
   flush_histogram(histogram, a.num_experts, a.counts);
