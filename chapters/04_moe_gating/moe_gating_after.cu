@@ -993,12 +993,12 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
 // Version 6: a warp a row (L = 32), k = kK, the renormalised (or top-k-then-softmax) weights, rows
 // and outputs counted in 32 bits (gating_rows_fit_int32()). The second number of __launch_bounds__
 // keeps 5 blocks an SM (48 registers): without it ptxas took 59 registers, 4 blocks.
-// kPrefetchL2: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v6_prefetch), the row after next
-// asked of L2 as Version 4's candidate does (docs/notes/ch04.md, Sessions 9 and 20).
+// Asking L2 for the row after next (Version 4's tuning candidate, kPrefetchL2) made it 5 % slower
+// (docs/notes/ch04.md, Session 20): it does not wait on DRAM latency.
 // The row loop has Version 5's shape, one row an iteration (with the batch's rows as an inner loop,
 // ptxas could no longer tell that the warp is converged and put a BRA.DIV before every round's
 // redux.sync); every kBatchRows rows, and after the warp's last row, finish_batch runs.
-template <typename T, int N, int V, int kK, bool kPrefetchL2 = false>
+template <typename T, int N, int V, int kK>
 __global__ void __launch_bounds__(kThreads, 5)
     fused_softmax_topk_batched(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   start_as_dependent();
@@ -1044,11 +1044,6 @@ __global__ void __launch_bounds__(kThreads, 5)
     }
     const bool more = row + stride_rows < tokens;  // warp-uniform
     load_row_if<T, L, N, V>(lane_logits + stride.logits, more, a.num_experts, lane, x);
-    if constexpr (kPrefetchL2) {
-      if (row + 2 * stride_rows < tokens) {
-        prefetch_row_l2<T, L, N, V>(lane_logits + 2 * stride.logits, a.num_experts, lane);
-      }
-    }
     select_top_k_packed_unrolled<N, kK>(packed, column + b * kBatchRowWords);
     lane_logits += stride.logits;
     if (++b == kBatchRows || !more) {
@@ -1520,8 +1515,7 @@ enum class SoftmaxKernel {
   after,                 // version6 when gating_rows_fit_int32(), Version 4 otherwise
   version6,              // the batched epilogue (fp32, 129 <= E <= 256 in 16-byte rows, k = 8, weights
                          // renormalised, more rows than one grid holds), Version 5 otherwise
-  version6_prefetch,     // version6 with the row after next prefetched to L2 (Version 5 where version6
-                         // runs Version 5)
+  version6_own_flush,    // version6 with each block flushing its own counts, never in clusters
   version5,              // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
   version4,              // the packed-key kernel before it (64-bit rows)
   version3,              // the kernel before that (full 32-bit keys)
@@ -1541,14 +1535,23 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
         kThreads};
     launch_gating_kernel(kernel, shape, on, logits, a);
   } else {
-    constexpr bool kVersion6 = kKernel == SoftmaxKernel::version6 || kKernel == SoftmaxKernel::version6_prefetch;
+    constexpr bool kVersion6 = kKernel == SoftmaxKernel::version6 || kKernel == SoftmaxKernel::version6_own_flush;
     if constexpr (kVersion6 && std::is_same_v<T, float> && L == 32 && N == 8 && V == 4) {
       if (a.k == kFixedK && !a.full_softmax) {
         static OccupancyCache batched_occupancy;
-        const auto kernel = fused_softmax_topk_batched<T, N, V, kFixedK, kKernel == SoftmaxKernel::version6_prefetch>;
-        const KernelShape shape = gating_grid(kernel, a.num_tokens, kRowsPerBlock, 0, 0, on, batched_occupancy);
-        const std::int64_t rows = static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock;
-        if (rows < a.num_tokens) {  // some warp has more than one row: batches pay
+        const auto kernel = fused_softmax_topk_batched<T, N, V, kFixedK>;
+        KernelShape shape = gating_grid(kernel, a.num_tokens, kRowsPerBlock, 0, 0, on, batched_occupancy);
+        if (static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock < a.num_tokens) {  // a warp has several rows
+          if (kKernel == SoftmaxKernel::version6 && on.flush_in_clusters) {
+            // One wave of whole clusters (a few blocks fewer than fit), so that each cluster sums its
+            // blocks' counts before flushing them: kFlushClusterBlocks times fewer atomics at the end.
+            const int clusters = flush_clusters_resident(kernel, batched_occupancy.flush_clusters, on.gpu, 0, kThreads);
+            if (clusters > 0) {
+              shape =
+                  KernelShape{static_cast<unsigned>(clusters) * kFlushClusterBlocks, kThreads, 0, kFlushClusterBlocks};
+            }
+          }
+          const std::int64_t rows = static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock;
           launch_gating_kernel(kernel, shape, on, logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
           return;
         }
@@ -1760,9 +1763,9 @@ void gating_after_v5(const GatingParams& params, const float* logits, const Gati
   gating_after_version5_tuning<SoftmaxKernel::version5>(params, logits, out, stream);
 }
 
-void gating_after_v6_prefetch(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream) {
-  gating_after_version5_tuning<SoftmaxKernel::version6_prefetch>(params, logits, out, stream);
+void gating_after_v6_own_flush(const GatingParams& params, const float* logits, const GatingOutputs& out,
+                               cudaStream_t stream) {
+  gating_after_version5_tuning<SoftmaxKernel::version6_own_flush>(params, logits, out, stream);
 }
 
 }  // namespace tune
