@@ -140,10 +140,9 @@ TEST(MoeGatingArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
   // a CUDA call would throw a different error).
   const GatingParams dsv3 = dsv3_params(4);
   const kc::ch04::GatingOutputs host_out{&x, &i, nullptr};
-  for (const auto tuning :
-       {kc::ch04::tune::gating_after_v3, kc::ch04::tune::gating_after_prefetch_l2, kc::ch04::tune::gating_after_v4,
-        kc::ch04::tune::gating_after_v5_shuffle_max, kc::ch04::tune::gating_after_v5_ordinary,
-        kc::ch04::tune::gating_after_v5, kc::ch04::tune::gating_after_v6_own_flush}) {
+  for (const auto tuning : {kc::ch04::tune::gating_after_v3, kc::ch04::tune::gating_after_prefetch_l2,
+                            kc::ch04::tune::gating_after_v4, kc::ch04::tune::gating_after_v5_shuffle_max,
+                            kc::ch04::tune::gating_after_v5_ordinary, kc::ch04::tune::gating_after_v5}) {
     expect_invalid_argument([&] { tuning(dsv3, &x, host_out, nullptr); },
                             "scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
   }
@@ -312,7 +311,8 @@ enum class Path {
   tune_v5_shuffle_max,
   tune_v5_ordinary,
   tune_v5,
-  tune_v6_own_flush
+  tune_v6_nan_late,
+  tune_v6_cluster_pairs
 };
 const char* path_name(Path p) {
   switch (p) {
@@ -326,7 +326,8 @@ const char* path_name(Path p) {
     case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
     case Path::tune_v5_ordinary: return "tune_v5_ordinary";
     case Path::tune_v5: return "tune_v5";
-    case Path::tune_v6_own_flush: return "tune_v6_own_flush";
+    case Path::tune_v6_nan_late: return "tune_v6_nan_late";
+    case Path::tune_v6_cluster_pairs: return "tune_v6_cluster_pairs";
   }
   return "unknown";
 }
@@ -337,12 +338,15 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
   } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
-             path == Path::tune_v5_ordinary || path == Path::tune_v5 || path == Path::tune_v6_own_flush) {
+             path == Path::tune_v5_ordinary || path == Path::tune_v5 || path == Path::tune_v6_nan_late ||
+             path == Path::tune_v6_cluster_pairs) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_v5) {
         kc::ch04::tune::gating_after_v5(p, logits, out, stream);
-      } else if (path == Path::tune_v6_own_flush) {
-        kc::ch04::tune::gating_after_v6_own_flush(p, logits, out, stream);
+      } else if (path == Path::tune_v6_nan_late) {
+        kc::ch04::tune::gating_after_v6_nan_late(p, logits, out, stream);
+      } else if (path == Path::tune_v6_cluster_pairs) {
+        kc::ch04::tune::gating_after_v6_cluster_pairs(p, logits, out, stream);
       } else if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
       } else if (path == Path::tune_v4) {
@@ -456,7 +460,7 @@ TEST_F(MoeGatingGpu, AfterIsExactOnUnstructuredFp32) {
 }
 
 // `after` (Version 6 past one grid of rows at E <= 256, k = 8; Version 5 elsewhere) and the tuning
-// kernels (Version 5 alone; Version 6 without clusters; Version 4, the one `after` falls back
+// kernels (Version 5 alone; Version 6's candidates; Version 4, the one `after` falls back
 // to past 2^30 logits; Version 4 with the L2 prefetch) must agree with the reference exactly: on every layout
 // (E from 8 to 512), k up to 32 (Version 5 keeps k + 1 winners in shared memory), and on grids with
 // a partial last round of rows.
@@ -478,7 +482,8 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5_ordinary, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v6_own_flush, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v6_nan_late, softmax_params(t, e, k, true), logits);
+        check_case(Path::tune_v6_cluster_pairs, softmax_params(t, e, k, true), logits);
       }
     }
   }
@@ -528,7 +533,8 @@ TEST_F(MoeGatingGpu, BatchedEpilogueRedoesAnyRowOfTheBatch) {
   for (int e : {160, 256, 512}) {
     const auto logits = grid_logits(static_cast<std::size_t>(t * e), seed + e);
     if (e <= 256) {
-      for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v5, Path::tune_v6_own_flush}) {
+      for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v5, Path::tune_v6_nan_late,
+                        Path::tune_v6_cluster_pairs}) {
         check_case(path, softmax_params(t, e, 8, true), logits);
         GatingParams p = softmax_params(t, e, 8);
         p.scoring = Scoring::topk_then_softmax;
@@ -574,7 +580,7 @@ TEST_F(MoeGatingGpu, BatchedEpilogueFollowsTheNanPolicy) {
         row[rng() % static_cast<unsigned>(e)] = 0.0f;
       }
     }
-    for (Path path : {Path::after_fused, Path::tune_v5, Path::tune_v6_own_flush}) {
+    for (Path path : {Path::after_fused, Path::tune_v5, Path::tune_v6_nan_late, Path::tune_v6_cluster_pairs}) {
       check_case(path, softmax_params(t, e, 8, true), logits);
       GatingParams p = softmax_params(t, e, 8);
       p.scoring = Scoring::topk_then_softmax;
@@ -632,8 +638,7 @@ TEST_F(MoeGatingGpu, DeepSeekV3WideBlocksMatchTheReference) {
 // run the same 65-block grids without clusters. Each shape needs 65 blocks, so the last block holds
 // one row and the last cluster seven empty blocks; the small-tests run (compute-sanitizer) keeps
 // them, since T = 4096 is skipped there. Rows a block: 256 for E <= 8, 32 for E <= 64, 16 for
-// E <= 128, 8 beyond (DeepSeek-V3 too). Past one grid of rows Version 6 launches one wave of whole
-// clusters instead; the BatchedEpilogue tests check its counts.
+// E <= 128, 8 beyond (DeepSeek-V3 too).
 TEST_F(MoeGatingGpu, CountsSummedInClustersMatchTheReference) {
   const std::uint64_t seed = kc::test::test_seed();
   const struct {
@@ -807,7 +812,7 @@ TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
       kc::test::expect_bitwise_repeatable(run);
     }
   }
-  // Past one grid of rows: Version 6 (four rows' epilogue at once, in clusters when it counts).
+  // Past one grid of rows: Version 6 (four rows' epilogue at once).
   for (Path path : {Path::after_fused, Path::after_no_counts}) {
     SCOPED_TRACE(std::string(path_name(path)) + " E=256, past one grid");
     const GatingParams p = softmax_params(11003, 256, 8, true);
