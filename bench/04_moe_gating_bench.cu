@@ -33,11 +33,9 @@
 // ch04/tune_fused_v4 (the packed-key kernel, Version 4), ch04/tune_fused_v4_prefetch (the same with
 // the row after next prefetched to L2), ch04/tune_fused_v5 (Version 5, fewer ALU instructions a row,
 // one row's epilogue at a time), ch04/tune_fused_v6 (`after`: Version 6, four rows' epilogue at once
-// where a warp has several rows, Version 5 elsewhere), ch04/tune_fused_v6_nan_late and
-// ch04/tune_fused_v6_cluster_pairs (its candidates: the NaN test after the tournament; clusters of two
-// blocks summing their counts), ch04/tune_fused_v5_shuffle_max (Version 5 with the
-// rounds' max by shuffles, not redux.sync), ch04/tune_fused_v5_ordinary (Version 5 launched the ordinary way, the
-// counts zeroed by cudaMemsetAsync, as before Session 15), ch04/tune_fused_v6_no_counts and
+// where a warp has several rows, Version 5 elsewhere), ch04/tune_fused_v5_shuffle_max (Version 5 with
+// the rounds' max by shuffles, not redux.sync), ch04/tune_fused_v5_ordinary (Version 5 launched the
+// ordinary way, the counts zeroed by cudaMemsetAsync, as before Session 15), ch04/tune_fused_v6_no_counts and
 // ch04/tune_fused_v5_ordinary_no_counts (weights and ids only, launched early and the ordinary way),
 // ch04/tune_limit and ch04/tune_limit_memcpy (the copy as a kernel and as cudaMemcpyAsync), and
 // ch04/tune_fused_v6_stream_timed, ch04/tune_limit_stream_timed and
@@ -77,8 +75,6 @@ enum class Variant {
   fused_v4,
   fused_v4_prefetch,
   fused_v5,
-  fused_v6_nan_late,
-  fused_v6_cluster_pairs,
   fused_v5_shuffle_max,
   fused_v5_ordinary,
   fused_v5_ordinary_no_counts
@@ -229,10 +225,6 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::fused_v4_prefetch: kc::ch04::tune::gating_after_prefetch_l2(p, set_logits, out, stream); break;
       case Variant::fused_v4: kc::ch04::tune::gating_after_v4(p, set_logits, out, stream); break;
       case Variant::fused_v5: kc::ch04::tune::gating_after_v5(p, set_logits, out, stream); break;
-      case Variant::fused_v6_nan_late: kc::ch04::tune::gating_after_v6_nan_late(p, set_logits, out, stream); break;
-      case Variant::fused_v6_cluster_pairs:
-        kc::ch04::tune::gating_after_v6_cluster_pairs(p, set_logits, out, stream);
-        break;
       case Variant::fused_v5_shuffle_max:
         kc::ch04::tune::gating_after_v5_shuffle_max(p, set_logits, out, stream);
         break;
@@ -356,8 +348,6 @@ void register_tuning(const kc::DeviceInfo& device) {
                     {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch, Timing::graph},
                     {"tune_fused_v5", Variant::fused_v5, Timing::graph},
                     {"tune_fused_v6", Variant::after_fused, Timing::graph},
-                    {"tune_fused_v6_nan_late", Variant::fused_v6_nan_late, Timing::graph},
-                    {"tune_fused_v6_cluster_pairs", Variant::fused_v6_cluster_pairs, Timing::graph},
                     {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max, Timing::graph},
                     {"tune_fused_v5_ordinary", Variant::fused_v5_ordinary, Timing::graph},
                     {"tune_fused_v6_no_counts", Variant::after_no_counts, Timing::graph},

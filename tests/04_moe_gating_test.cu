@@ -310,9 +310,7 @@ enum class Path {
   tune_v4,
   tune_v5_shuffle_max,
   tune_v5_ordinary,
-  tune_v5,
-  tune_v6_nan_late,
-  tune_v6_cluster_pairs
+  tune_v5
 };
 const char* path_name(Path p) {
   switch (p) {
@@ -326,8 +324,6 @@ const char* path_name(Path p) {
     case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
     case Path::tune_v5_ordinary: return "tune_v5_ordinary";
     case Path::tune_v5: return "tune_v5";
-    case Path::tune_v6_nan_late: return "tune_v6_nan_late";
-    case Path::tune_v6_cluster_pairs: return "tune_v6_cluster_pairs";
   }
   return "unknown";
 }
@@ -338,15 +334,10 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
   } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
-             path == Path::tune_v5_ordinary || path == Path::tune_v5 || path == Path::tune_v6_nan_late ||
-             path == Path::tune_v6_cluster_pairs) {
+             path == Path::tune_v5_ordinary || path == Path::tune_v5) {
     if constexpr (std::is_same_v<T, float>) {
       if (path == Path::tune_v5) {
         kc::ch04::tune::gating_after_v5(p, logits, out, stream);
-      } else if (path == Path::tune_v6_nan_late) {
-        kc::ch04::tune::gating_after_v6_nan_late(p, logits, out, stream);
-      } else if (path == Path::tune_v6_cluster_pairs) {
-        kc::ch04::tune::gating_after_v6_cluster_pairs(p, logits, out, stream);
       } else if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
       } else if (path == Path::tune_v4) {
@@ -460,7 +451,7 @@ TEST_F(MoeGatingGpu, AfterIsExactOnUnstructuredFp32) {
 }
 
 // `after` (Version 6 past one grid of rows at E <= 256, k = 8; Version 5 elsewhere) and the tuning
-// kernels (Version 5 alone; Version 6's candidates; Version 4, the one `after` falls back
+// kernels (Version 5 alone; Version 4, the one `after` falls back
 // to past 2^30 logits; Version 4 with the L2 prefetch) must agree with the reference exactly: on every layout
 // (E from 8 to 512), k up to 32 (Version 5 keeps k + 1 winners in shared memory), and on grids with
 // a partial last round of rows.
@@ -482,8 +473,6 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5_ordinary, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v6_nan_late, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v6_cluster_pairs, softmax_params(t, e, k, true), logits);
       }
     }
   }
@@ -533,8 +522,7 @@ TEST_F(MoeGatingGpu, BatchedEpilogueRedoesAnyRowOfTheBatch) {
   for (int e : {160, 256, 512}) {
     const auto logits = grid_logits(static_cast<std::size_t>(t * e), seed + e);
     if (e <= 256) {
-      for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v5, Path::tune_v6_nan_late,
-                        Path::tune_v6_cluster_pairs}) {
+      for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v5}) {
         check_case(path, softmax_params(t, e, 8, true), logits);
         GatingParams p = softmax_params(t, e, 8);
         p.scoring = Scoring::topk_then_softmax;
@@ -580,7 +568,7 @@ TEST_F(MoeGatingGpu, BatchedEpilogueFollowsTheNanPolicy) {
         row[rng() % static_cast<unsigned>(e)] = 0.0f;
       }
     }
-    for (Path path : {Path::after_fused, Path::tune_v5, Path::tune_v6_nan_late, Path::tune_v6_cluster_pairs}) {
+    for (Path path : {Path::after_fused, Path::tune_v5}) {
       check_case(path, softmax_params(t, e, 8, true), logits);
       GatingParams p = softmax_params(t, e, 8);
       p.scoring = Scoring::topk_then_softmax;

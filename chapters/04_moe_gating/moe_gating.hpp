@@ -217,30 +217,6 @@ void gating_after_v5_ordinary(const GatingParams& params, const float* logits, c
 void gating_after_v5(const GatingParams& params, const float* logits, const GatingOutputs& out,
                      cudaStream_t stream = nullptr);
 
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none),
-/// where `after` runs Version 6, the same kernel with its NaN test moved after the tournament (a
-/// candidate: docs/notes/ch04.md, Session 20); elsewhere Version 5. Outputs equal gating_after()'s
-/// bit for bit. Softmax scorings only; throws kc::InvalidArgument, before any CUDA call, for
-/// deepseek_v3, bad @p params, or more than 2^30 logits.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v6_nan_late(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none),
-/// where `after` runs Version 6, the same kernel launched in clusters of two blocks that sum their
-/// counts before flushing them (a candidate: docs/notes/ch04.md, Session 20); elsewhere Version 5.
-/// Outputs equal gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument,
-/// before any CUDA call, for deepseek_v3, bad @p params, or more than 2^30 logits.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v6_cluster_pairs(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                                   cudaStream_t stream = nullptr);
-
 }  // namespace tune
 
 /// True when Version 5 of the fused softmax kernel can run @p params: it counts rows and output

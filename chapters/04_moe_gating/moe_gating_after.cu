@@ -314,14 +314,11 @@ __device__ __forceinline__ int load_from_cluster_block(const int* address, unsig
   return value;
 }
 
-// kClusterBlocks: the cluster size this kernel's launches use when they cluster (kFlushClusterBlocks
-// for every kernel but a tuning candidate of Version 6).
-template <unsigned kClusterBlocks = kFlushClusterBlocks>
 __device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts) {
   const ClusterPlace place = my_cluster_place();
-  if (place.blocks == kClusterBlocks && kClusterBlocks > 1) {  // otherwise 1: not launched in clusters
-    cluster_barrier();  // every block's histogram is complete and visible to the cluster
-    constexpr int kBlocks = kClusterBlocks;
+  if (place.blocks == kFlushClusterBlocks) {  // otherwise 1: not launched in clusters
+    cluster_barrier();                        // every block's histogram is complete and visible to the cluster
+    constexpr int kBlocks = kFlushClusterBlocks;
     const int lines_per_block = ((num_experts + 31) / 32 + kBlocks - 1) / kBlocks;
     const int first = static_cast<int>(place.rank) * lines_per_block * 32;
     const int end = min(num_experts, first + lines_per_block * 32);
@@ -914,10 +911,10 @@ constexpr int kBatchRows = 32 / kFixedK;
 // stores its winner to row r of the lane's column (`column[r * 32]`: a constant offset); every lane
 // stores the same value to its own column, so a later read of the lane's own column needs no
 // barrier (as Version 5).
-// (c1, c2): the lane's best two keys (top2_packed), found by the caller.
 template <int N, int kK>
-__device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&packed)[N], unsigned c1, unsigned c2,
-                                                             unsigned* column) {
+__device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&packed)[N], unsigned* column) {
+  unsigned c1, c2;
+  top2_packed<0, N>(packed, c1, c2);
 #pragma unroll
   for (int r = 0; r <= kK; ++r) {
     const unsigned best = __reduce_max_sync(kFullMask, c1);
@@ -940,19 +937,13 @@ __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&pa
 // (`my_winners`). `first_row` is the batch's first row; its rows are
 // `stride_rows` apart. Rows whose consecutive winners share a prefix are redone exactly, by the
 // whole warp (Version 5's fallback), one row at a time; lane k * b + r takes winner r from lane r.
-// kNanLate: the keys were not cleaned of negative NaNs (fused_softmax_topk_batched), so a row with
-// -Inf, a negative NaN or padding among its k + 1 winners is redone exactly too.
-template <typename T, int N, int V, int kK, bool kNanLate>
+template <typename T, int N, int V, int kK>
 __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const SoftmaxArgs& a, int first_row,
                                              int rows_in_batch, int stride_rows, const unsigned* my_winners,
                                              int* histogram) {
   constexpr int L = 32;
   constexpr unsigned kIdMask = (1u << id_bits<L, N>()) - 1u;
   constexpr bool kMayShareExactPrefix = sizeof(T) == 4;  // bf16: the prefix is the whole key
-  static_assert(kMayShareExactPrefix || !kNanLate, "the late NaN test needs the exact path");
-  // -Inf's packed key with the largest id part: a negative NaN's key is at or below it (the NaN's
-  // payload, not its id, orders it), and so is padding's (0).
-  constexpr unsigned kMinusInfTop = 0x00800000u | kIdMask;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int batch_row = lane / kK;
   const int rank = lane % kK;
@@ -964,7 +955,7 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
     const unsigned mine = my_winners[0];
     const unsigned next = my_winners[32];  // the (k+1)-th for r = k - 1
     id = static_cast<int>(~mine & kIdMask);
-    shared_prefix = (mine ^ next) <= kIdMask || (kNanLate && next <= kMinusInfTop);  // next <= mine
+    shared_prefix = (mine ^ next) <= kIdMask;
   }
   if constexpr (kMayShareExactPrefix) {
     const unsigned redo = __ballot_sync(kFullMask, shared_prefix);
@@ -1007,14 +998,9 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
 // The row loop has Version 5's shape, one row an iteration (with the batch's rows as an inner loop,
 // ptxas could no longer tell that the warp is converged and put a BRA.DIV before every round's
 // redux.sync); every kBatchRows rows, and after the warp's last row, finish_batch runs.
-// kNanLate (a tuning candidate, ch04/tune_fused_v6_nan_late): no NaN sum (7 adds, a compare). The
-// tournament runs first; a lane whose best key is at or above +Inf's (+Inf, or a NaN with the sign
-// bit clear) or that holds padding sends the warp through fix_packed_keys and a second tournament.
-// NaNs with the sign bit set keep keys below -Inf's, ordered by payload: finish_batch redoes any row
-// with one of them (or -Inf, or padding) among its k + 1 winners.
-// kClusterBlocks: the flush's cluster size when launched in clusters (a tuning candidate launches
-// clusters of 2, ch04/tune_fused_v6_cluster_pairs).
-template <typename T, int N, int V, int kK, bool kNanLate = false, unsigned kClusterBlocks = 2>
+// Measured and not kept (docs/notes/ch04.md, Session 20): the NaN test after the tournament (7
+// instructions a row fewer) and clusters of two blocks summing their counts; both within 0.5 %.
+template <typename T, int N, int V, int kK>
 __global__ void __launch_bounds__(kThreads, 5)
     fused_softmax_topk_batched(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   start_as_dependent();
@@ -1047,39 +1033,27 @@ __global__ void __launch_bounds__(kThreads, 5)
     unsigned packed[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, lane);
-    unsigned c1 = 0, c2 = 0;
-    if constexpr (kNanLate) {
-      top2_packed<0, N>(packed, c1, c2);
-      constexpr unsigned kPlusInfKey = 0xFF800000u;  // +Inf's packed key with id part 0
-      if (__any_sync(kFullMask, lane_has_padding || c1 >= kPlusInfKey)) {
-        fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
-        top2_packed<0, N>(packed, c1, c2);
-      }
-    } else {
-      // Version 5's NaN test: a NaN (or +Inf meeting -Inf) makes the sum NaN.
-      float even = x[0], odd_sum = x[1];
+    // Version 5's NaN test: a NaN (or +Inf meeting -Inf) makes the sum NaN.
+    float even = x[0], odd_sum = x[1];
 #pragma unroll
-      for (int j = 2; j < N; j += 2) {
-        even += x[j];
-        odd_sum += x[j + 1];
-      }
-      const float sum = even + odd_sum;
-      if (__any_sync(kFullMask, lane_has_padding || sum != sum)) {
-        fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
-      }
+    for (int j = 2; j < N; j += 2) {
+      even += x[j];
+      odd_sum += x[j + 1];
+    }
+    const float sum = even + odd_sum;
+    if (__any_sync(kFullMask, lane_has_padding || sum != sum)) {
+      fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
     }
     const bool more = row + stride_rows < tokens;  // warp-uniform
     load_row_if<T, L, N, V>(lane_logits + stride.logits, more, a.num_experts, lane, x);
-    if constexpr (!kNanLate) top2_packed<0, N>(packed, c1, c2);
-    select_top_k_packed_unrolled<N, kK>(packed, c1, c2, column + b * kBatchRowWords);
+    select_top_k_packed_unrolled<N, kK>(packed, column + b * kBatchRowWords);
     lane_logits += stride.logits;
     if (++b == kBatchRows || !more) {
-      finish_batch<T, N, V, kK, kNanLate>(logits, a, row - (b - 1) * stride_rows, b, stride_rows, my_winners,
-                                          histogram);
+      finish_batch<T, N, V, kK>(logits, a, row - (b - 1) * stride_rows, b, stride_rows, my_winners, histogram);
       b = 0;
     }
   }
-  flush_histogram<kClusterBlocks>(histogram, a.num_experts, a.counts);
+  flush_histogram(histogram, a.num_experts, a.counts);
 }
 
 struct DeepSeekArgs {
@@ -1540,16 +1514,14 @@ void launch_gating_kernel(void (*kernel)(Params...), const KernelShape& shape, c
 // Version 5, or Version 4 where 32-bit counters do not reach), or one the benchmark's tuning cases
 // measure beside it.
 enum class SoftmaxKernel {
-  after,                   // version6 when gating_rows_fit_int32(), Version 4 otherwise
-  version6,                // the batched epilogue (fp32, 129 <= E <= 256 in 16-byte rows, k = 8, weights
-                           // renormalised, more rows than one grid holds), Version 5 otherwise
-  version6_nan_late,       // version6 with the NaN test after the tournament (kNanLate)
-  version6_cluster_pairs,  // version6 launched in clusters of 2 blocks that sum their counts first
-  version5,                // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
-  version4,                // the packed-key kernel before it (64-bit rows)
-  version3,                // the kernel before that (full 32-bit keys)
-  version4_prefetch,       // Version 4 with the row after next prefetched to L2
-  version5_shuffle_max,    // Version 5 with the rounds' max by shuffles instead of redux.sync
+  after,                 // version6 when gating_rows_fit_int32(), Version 4 otherwise
+  version6,              // the batched epilogue (fp32, 129 <= E <= 256 in 16-byte rows, k = 8, weights
+                         // renormalised, more rows than one grid holds), Version 5 otherwise
+  version5,              // the lean kernel (kLean): fewer ALU instructions a row, 32-bit rows
+  version4,              // the packed-key kernel before it (64-bit rows)
+  version3,              // the kernel before that (full 32-bit keys)
+  version4_prefetch,     // Version 4 with the row after next prefetched to L2
+  version5_shuffle_max,  // Version 5 with the rounds' max by shuffles instead of redux.sync
 };
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
@@ -1564,17 +1536,13 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
         kThreads};
     launch_gating_kernel(kernel, shape, on, logits, a);
   } else {
-    constexpr bool kVersion6 = kKernel == SoftmaxKernel::version6 || kKernel == SoftmaxKernel::version6_nan_late ||
-                               kKernel == SoftmaxKernel::version6_cluster_pairs;
+    constexpr bool kVersion6 = kKernel == SoftmaxKernel::version6;
     if constexpr (kVersion6 && std::is_same_v<T, float> && L == 32 && N == 8 && V == 4) {
       if (a.k == kFixedK && !a.full_softmax) {
         static OccupancyCache batched_occupancy;
-        const auto kernel = fused_softmax_topk_batched<T, N, V, kFixedK, kKernel == SoftmaxKernel::version6_nan_late>;
-        KernelShape shape = gating_grid(kernel, a.num_tokens, kRowsPerBlock, 0, 0, on, batched_occupancy);
+        const auto kernel = fused_softmax_topk_batched<T, N, V, kFixedK>;
+        const KernelShape shape = gating_grid(kernel, a.num_tokens, kRowsPerBlock, 0, 0, on, batched_occupancy);
         if (static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock < a.num_tokens) {  // a warp has several rows
-          if (kKernel == SoftmaxKernel::version6_cluster_pairs && on.flush_in_clusters && shape.blocks % 2 == 0) {
-            shape.cluster_blocks = 2;  // pairs of blocks on one GPC: every SM's 5 blocks still fit
-          }
           // Each block flushes its own counts: a wave of whole clusters that sum theirs first
           // measured 7 % slower here (docs/notes/ch04.md, Session 20).
           const std::int64_t rows = static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock;
@@ -1787,16 +1755,6 @@ void gating_after_v5_ordinary(const GatingParams& params, const float* logits, c
 
 void gating_after_v5(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
   gating_after_version5_tuning<SoftmaxKernel::version5>(params, logits, out, stream);
-}
-
-void gating_after_v6_nan_late(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream) {
-  gating_after_version5_tuning<SoftmaxKernel::version6_nan_late>(params, logits, out, stream);
-}
-
-void gating_after_v6_cluster_pairs(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                                   cudaStream_t stream) {
-  gating_after_version5_tuning<SoftmaxKernel::version6_cluster_pairs>(params, logits, out, stream);
 }
 
 }  // namespace tune

@@ -1038,16 +1038,6 @@ void gating_after_v5(const GatingParams& params, const float* logits, const Gati
   run_exercise_kernel(params, logits, out, stream);
 }
 
-void gating_after_v6_nan_late(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream) {
-  run_exercise_kernel(params, logits, out, stream);
-}
-
-void gating_after_v6_cluster_pairs(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                                   cudaStream_t stream) {
-  run_exercise_kernel(params, logits, out, stream);
-}
-
 }  // namespace tune
 
 }  // namespace kc::ch04
