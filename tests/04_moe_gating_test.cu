@@ -826,6 +826,10 @@ TEST_F(MoeGatingGpu, BadArgumentsWriteNothing) {
   expect_invalid_argument(
       [&] { kc::ch04::gating_before(softmax_params(64, 8, 2), logits.data(), nullptr, out, nullptr, 0); },
       "workspace must not be null");
+  // A tuning entry point refuses DeepSeek-V3 routing before anything is launched: the counts it
+  // would zero first stay poisoned.
+  expect_invalid_argument([&] { kc::ch04::tune::gating_after_v5(dsv3_params(64, 8, 2, 2, 1), logits.data(), out); },
+                          "scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
   kc::check(cudaDeviceSynchronize());
   EXPECT_EQ(kc::count_poisoned(std::span<const float>(weights.to_host()), kc::test::kPoisonByte), 128u);
   EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(ids.to_host()), kc::test::kPoisonByte), 128u);

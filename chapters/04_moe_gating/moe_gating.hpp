@@ -206,10 +206,10 @@ void gating_after_v5_ordinary(const GatingParams& params, const float* logits, c
 
 /// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none,
 /// when out.counts is null), always through Version 5 of the fused softmax kernel (one row's
-/// epilogue at a time), which `after` replaces by Version 6 where a warp has more than one row
-/// (docs/notes/ch04.md, Session 20). Outputs equal gating_after()'s bit for bit. Softmax scorings
-/// only; throws kc::InvalidArgument, before any CUDA call, for deepseek_v3, bad @p params, or more
-/// than 2^30 logits.
+/// epilogue at a time), which `after` replaces by Version 6 for fp32 rows of 129 to 256 experts with
+/// k = 8 and renormalised weights, where a warp has more than one row (docs/notes/ch04.md, Session 20). Outputs equal
+/// gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument, before any CUDA call, for
+/// deepseek_v3, bad @p params, or more than 2^30 logits.
 /// @param params shape and options
 /// @param logits [T, E] fp32 logits
 /// @param out outputs

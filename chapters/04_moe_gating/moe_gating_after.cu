@@ -514,6 +514,24 @@ __device__ __forceinline__ void fix_packed_keys(const float (&x)[N], int num_exp
   }
 }
 
+// The packed keys of a lane's values (Versions 5 and 6), and whether they may hold a NaN: a sum of
+// the values (N - 1 adds on the FMA pipe, in two chains, then one compare) is NaN iff some value is
+// NaN, or +Inf and -Inf (or overflows of both signs) meet, which only costs the slow path
+// (fix_packed_keys).
+template <int L, int N, int V, int kIdBits>
+__device__ __forceinline__ bool packed_keys_nan_tested(const float (&x)[N], int seg_lane, unsigned (&packed)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, seg_lane);
+  float even = x[0], odd_sum = x[1];
+#pragma unroll
+  for (int j = 2; j < N; j += 2) {
+    even += x[j];
+    odd_sum += x[j + 1];
+  }
+  const float sum = even + odd_sum;
+  return sum != sum;
+}
+
 // The largest two of u[kFirst, kFirst + kCount): pairs, then merges of sorted pairs, all unsigned
 // max/min (one instruction each): the ids ride inside the keys. 20 instructions for 8 keys.
 template <int kFirst, int kCount, int N>
@@ -791,19 +809,8 @@ __global__ void __launch_bounds__(kThreads)
     unsigned packed[N];
     bool odd = lane_has_padding;
     if constexpr (kLean) {
-#pragma unroll
-      for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, seg_lane);
-      // A sum of the values (N - 1 adds on the FMA pipe, in two chains, then one compare): NaN iff
-      // some value is NaN, or +Inf and -Inf (or overflows of both signs) meet, which only costs the
-      // slow path.
-      float even = x[0], odd_sum = x[1];
-#pragma unroll
-      for (int j = 2; j < N; j += 2) {
-        even += x[j];
-        odd_sum += x[j + 1];
-      }
-      const float sum = even + odd_sum;
-      odd = odd || sum != sum;
+      const bool may_hold_nan = packed_keys_nan_tested<L, N, V, kIdBits>(x, seg_lane, packed);
+      odd = odd || may_hold_nan;
     } else {
 #pragma unroll
       for (int j = 0; j < N; j += 2) {
@@ -992,7 +999,7 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
 
 // Version 6: a warp a row (L = 32), k = kK, the renormalised (or top-k-then-softmax) weights, rows
 // and outputs counted in 32 bits (gating_rows_fit_int32()). The second number of __launch_bounds__
-// keeps 5 blocks an SM (48 registers): without it ptxas took 59 registers, 4 blocks.
+// keeps 5 blocks an SM (48 registers): without it ptxas took 52 registers on sm_90, 4 blocks.
 // Asking L2 for the row after next (Version 4's tuning candidate, kPrefetchL2) made it 5 % slower
 // (docs/notes/ch04.md, Session 20): it does not wait on DRAM latency.
 // The row loop has Version 5's shape, one row an iteration (with the batch's rows as an inner loop,
@@ -1031,17 +1038,8 @@ __global__ void __launch_bounds__(kThreads, 5)
   for (int row = warp; row < tokens; row += stride_rows) {
     __syncwarp();  // converged (the bound is warp-uniform): no BRA.DIV before redux and votes
     unsigned packed[N];
-#pragma unroll
-    for (int j = 0; j < N; ++j) packed[j] = packed_key<L, V, kIdBits>(x[j], j, lane);
-    // Version 5's NaN test: a NaN (or +Inf meeting -Inf) makes the sum NaN.
-    float even = x[0], odd_sum = x[1];
-#pragma unroll
-    for (int j = 2; j < N; j += 2) {
-      even += x[j];
-      odd_sum += x[j + 1];
-    }
-    const float sum = even + odd_sum;
-    if (__any_sync(kFullMask, lane_has_padding || sum != sum)) {
+    const bool may_hold_nan = packed_keys_nan_tested<L, N, V, kIdBits>(x, lane, packed);
+    if (__any_sync(kFullMask, lane_has_padding || may_hold_nan)) {
       fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
     }
     const bool more = row + stride_rows < tokens;  // warp-uniform
@@ -1539,14 +1537,16 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
     constexpr bool kVersion6 = kKernel == SoftmaxKernel::version6;
     if constexpr (kVersion6 && std::is_same_v<T, float> && L == 32 && N == 8 && V == 4) {
       if (a.k == kFixedK && !a.full_softmax) {
-        static OccupancyCache batched_occupancy;
+        static std::atomic<int> batched_blocks_per_sm[kCachedDevices];
         const auto kernel = fused_softmax_topk_batched<T, N, V, kFixedK>;
-        const KernelShape shape = gating_grid(kernel, a.num_tokens, kRowsPerBlock, 0, 0, on, batched_occupancy);
-        if (static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock < a.num_tokens) {  // a warp has several rows
-          // Each block flushes its own counts: a wave of whole clusters that sum theirs first
-          // measured 7 % slower here (docs/notes/ch04.md, Session 20).
-          const std::int64_t rows = static_cast<std::int64_t>(shape.blocks) * kRowsPerBlock;
-          launch_gating_kernel(kernel, shape, on, logits, a, GridStride{rows, rows * a.num_experts, rows * a.k});
+        const unsigned blocks =
+            grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, batched_blocks_per_sm, on.gpu), on.gpu);
+        const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
+        if (rows < a.num_tokens) {  // a warp has several rows: one full wave of blocks
+          // Never in clusters: each block flushes its own counts (a wave of whole clusters that sum
+          // theirs first measured 7 % slower here, docs/notes/ch04.md, Session 20).
+          launch_gating_kernel(kernel, KernelShape{blocks, kThreads}, on, logits, a,
+                               GridStride{rows, rows * a.num_experts, rows * a.k});
           return;
         }
       }
