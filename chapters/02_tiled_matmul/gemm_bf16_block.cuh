@@ -265,10 +265,13 @@ struct Staging {
 /// per block, which matters when the grid is a single wave: M = 16 or 128).
 template <class Cfg>
 struct Prefetch {
-  static constexpr int residual_bytes = Cfg::block_m * Cfg::block_n * 2;  ///< block_m rows of bf16
-  static constexpr int bias_bytes = Cfg::block_n * 2;                     ///< the tile's bias (bf16)
-  static constexpr int bytes = residual_bytes + bias_bytes;               ///< added to Cfg::smem_bytes
-  static constexpr int offset = Cfg::smem_bytes;                          ///< residual, then bias
+  /// bf16 a prefetched residual row: 16 bytes of padding, so that the 8 rows of a warp's pairs in
+  /// the register epilogue (the same columns) start 4 banks apart and are read without conflict.
+  static constexpr int residual_ld = Cfg::block_n + 8;
+  static constexpr int residual_bytes = Cfg::block_m * residual_ld * 2;  ///< block_m padded rows of bf16
+  static constexpr int bias_bytes = Cfg::block_n * 2;                    ///< the tile's bias (bf16)
+  static constexpr int bytes = residual_bytes + bias_bytes;              ///< added to Cfg::smem_bytes
+  static constexpr int offset = Cfg::smem_bytes;                         ///< residual, then bias
 };
 
 /// The activation of four values, with the switch outside the loop over them.
@@ -394,6 +397,70 @@ struct SwiGlu {
   }
 };
 
+// ------------------------------------------------------------------- the register epilogue
+// Where staging loses: a single wave of one 4-warp block per SM (M = 128, the small-deep tile).
+// Per-block %globaltimer stamps (docs/notes/ch03.md, Session 21) put the staged epilogue at about
+// 2.2 us after the K loop against 0.8 us for the plain store, most of it with no arithmetic at all:
+// two barriers, the accumulators through shared memory, and a loop of dependent steps that one
+// warp a scheduler walks with nothing to hide them. The activation switch also changed how ptxas
+// scheduled the K loop itself (with one activation the staged kernel's loop is the plain GEMM's
+// SASS instruction for instruction; with five it is not, and measured slower).
+// So the small-deep tile finishes in registers, where the plain store does, with the activation a
+// template argument (one kernel per activation, chosen on the host): each thread's 32 outputs are
+// independent, fully unrolled straight-line code that ptxas interleaves, so the latencies
+// overlap. With 32 accumulators a thread the code stays small (the large tile's 128 made the first
+// version's kernel 18,048 instructions, above).
+
+/// out = act(acc + bias) + residual in registers, with bias and residual prefetched into shared
+/// memory (the Prefetch area). Launched only where that prefetch applies (`vector`, and the area
+/// fits beside the pipeline: gemm_bf16_mma.cu's run_epilogue); other calls take the staged
+/// epilogue. The activation is the template argument, so the kernel holds one activation's code.
+template <Activation kActivation>
+struct RegisterBiasActivationResidual {
+  static constexpr bool staged = false;       ///< finished in registers (finish_pair)
+  static constexpr bool in_registers = true;  ///< see has_register_epilogue
+  const __nv_bfloat16* bias;                  ///< [n] or null
+  const __nv_bfloat16* residual;              ///< [m, n] or null; may be c
+  int n;                                      ///< columns of C (and of the residual)
+  bool vector;                                ///< n % 8 == 0 and c, bias, residual 16-byte aligned
+  bool prefetched = false;                    ///< vector, and the launch added Prefetch<Cfg>::bytes of shared memory
+
+  /// Finishes the pair (x, y) at (tile_row, tile_col) and (tile_row, tile_col + 1) of the block's
+  /// tile, right before the plain store, in the thread that holds it. `smem` is the kernel's shared
+  /// memory: the Prefetch area follows the pipeline's buffers. `vector` makes every stored pair
+  /// whole and each pair of bias or residual one aligned bf16x2.
+  template <class Cfg>
+  __device__ void finish_pair(float& x, float& y, int tile_row, int tile_col, const unsigned char* smem) const {
+    const unsigned char* area = smem + Prefetch<Cfg>::offset;
+    float b0 = 0.0f, b1 = 0.0f, r0 = 0.0f, r1 = 0.0f;
+    if (bias != nullptr) {
+      const float2 b = __bfloat1622float2(
+          *reinterpret_cast<const __nv_bfloat162*>(area + Prefetch<Cfg>::residual_bytes + tile_col * 2));
+      b0 = b.x, b1 = b.y;
+    }
+    if (residual != nullptr) {
+      const float2 r = __bfloat1622float2(
+          *reinterpret_cast<const __nv_bfloat162*>(area + (tile_row * Prefetch<Cfg>::residual_ld + tile_col) * 2));
+      r0 = r.x, r1 = r.y;
+    }
+    // The staged epilogue's order and roundings (a missing bias or residual adds nothing, not +0,
+    // which would turn -0 into +0): the two paths give the same bits.
+    if (bias != nullptr) x += b0, y += b1;
+    x = activate(x, kActivation), y = activate(y, kActivation);
+    if (residual != nullptr) x += r0, y += r1;
+  }
+};
+
+/// True for epilogues applied in registers by the thread that stores (RegisterBiasActivationResidual).
+template <class Epilogue>
+inline constexpr bool has_register_epilogue = requires {
+  Epilogue::in_registers;
+};
+
+/// True for epilogues that may prefetch bias and residual into the Prefetch area at the start.
+template <class Epilogue>
+inline constexpr bool prefetches_epilogue_inputs = Epilogue::staged || has_register_epilogue<Epilogue>;
+
 /// Starts the copies of the tile's residual rows and bias into the Prefetch area (16-byte chunks;
 /// the vector path guarantees their alignment). Rows and columns outside C are not copied: the
 /// epilogue never reads them.
@@ -408,7 +475,8 @@ __device__ __forceinline__ void prefetch_epilogue_inputs(const Epilogue& epilogu
       if (r < rows_left && chunk * 8 < cols_left) {
         const __nv_bfloat16* src =
             epilogue.residual + static_cast<std::int64_t>(block_row0 + r) * epilogue.n + block_col0 + chunk * 8;
-        cp_async_16(shared_address(smem + Prefetch<Cfg>::offset + r * Cfg::block_n * 2 + chunk * 16), src, true);
+        cp_async_16(shared_address(smem + Prefetch<Cfg>::offset + r * Prefetch<Cfg>::residual_ld * 2 + chunk * 16), src,
+                    true);
       }
     }
   }
@@ -448,7 +516,9 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
     __syncthreads();  // the main loop (or the previous part) is done with shared memory
 
     // Prefetched rows are indexed from the tile's first row, copied ones from the part's.
-    const __nv_bfloat16* residual_tile = residual_base + (epilogue.prefetched ? part_row0 * Cfg::block_n : 0);
+    // Prefetched rows are padded (Prefetch::residual_ld); rows copied here are not.
+    const int residual_ld = epilogue.prefetched ? Prefetch<Cfg>::residual_ld : Cfg::block_n;
+    const __nv_bfloat16* residual_tile = residual_base + (epilogue.prefetched ? part_row0 * residual_ld : 0);
     if (epilogue.vector && !epilogue.prefetched) {
       if (epilogue.residual != nullptr) {
         for (int q = tid; q < S::part_rows * kChunksPerTileRow; q += Cfg::threads) {
@@ -503,7 +573,7 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
       const std::int64_t row = block_row0 + part_row0 + r;
       if (epilogue.vector) {  // cols_left is then a multiple of 8: the whole group exists
         __nv_bfloat16* out = c + row * ldc + (block_col0 + col) * Epilogue::outputs_per_group / 4;
-        epilogue.finish4(x, bias_tile + col, residual_tile + r * Cfg::block_n + col, out);
+        epilogue.finish4(x, bias_tile + col, residual_tile + r * residual_ld + col, out);
       } else {
         const int count = cols_left - col < 4 ? cols_left - col : 4;
         epilogue.finish_each(x, count, row, block_col0 + col, c);
@@ -695,7 +765,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   // thread commits exactly one group per slice, empty ones included, so "kPrologue - 1 groups may
   // still be pending" means "slice 0 landed", and in the loop "S-2" means "slice kt+1 landed".
   constexpr int kPrologue = Cfg::early_refill ? kStages : kStages - 1;
-  if constexpr (Epilogue::staged) {
+  if constexpr (prefetches_epilogue_inputs<Epilogue>) {
     // One more group, older than every slice's: the first wait below covers it too.
     if (epilogue.prefetched) {
       prefetch_epilogue_inputs<Cfg>(epilogue, smem, block_row0, block_col0, rows_left, cols_left);
@@ -830,7 +900,12 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int col = warp_col0 + 8 * nt + 2 * (lane % 4);
         if (col >= cols_left) continue;
-        store_pair(c_row + col, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], cols_left - col, paired);
+        float x = acc[mt][nt][2 * half], y = acc[mt][nt][2 * half + 1];
+        if constexpr (has_register_epilogue<Epilogue>) {
+          // The prefetched bias and residual landed before the prologue's barrier.
+          epilogue.template finish_pair<Cfg>(x, y, row, col, smem);
+        }
+        store_pair(c_row + col, x, y, cols_left - col, paired);
       }
     }
   }

@@ -2,6 +2,7 @@
 // to gemm_bf16_block (gemm_bf16_block.cuh, where the tile's mma.sync pipeline is explained); this
 // file picks the tile, validates, and launches.
 #include <string>
+#include <type_traits>
 
 #include "gemm_bf16.hpp"
 #include "gemm_bf16_block.cuh"
@@ -39,7 +40,7 @@ struct DeviceLimits {
 // epilogue's prefetch area where it fits this GPU.
 template <class Cfg, class Epilogue>
 int smem_bytes_with_prefetch(std::size_t smem_per_block_optin) {
-  if constexpr (Epilogue::staged) {
+  if constexpr (prefetches_epilogue_inputs<Epilogue>) {
     const int with = Cfg::smem_bytes + Prefetch<Cfg>::bytes;
     if (static_cast<std::size_t>(with) <= smem_per_block_optin) return with;
   }
@@ -63,6 +64,12 @@ void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
   allow_dynamic_shared_memory_of<Cfg, NoEpilogue>(smem_per_block_optin);
   allow_dynamic_shared_memory_of<Cfg, BiasActivationResidual>(smem_per_block_optin);
   allow_dynamic_shared_memory_of<Cfg, SwiGlu>(smem_per_block_optin);
+}
+
+// The small-deep tile's register epilogue: one kernel per activation.
+template <Activation kActivation>
+void allow_register_epilogue(std::size_t smem_per_block_optin) {
+  allow_dynamic_shared_memory_of<SmallDeepTile, RegisterBiasActivationResidual<kActivation>>(smem_per_block_optin);
 }
 
 // Queries the current device and raises the kernels' shared-memory limits the first time it is
@@ -89,6 +96,11 @@ DeviceLimits current_device_limits() {
     allow_dynamic_shared_memory<SmallUnrotatedTile>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<SmallDeepUnrotatedTile>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<NarrowDeepUnrotatedTile>(limits.smem_per_block_optin);
+    allow_register_epilogue<Activation::none>(limits.smem_per_block_optin);
+    allow_register_epilogue<Activation::relu>(limits.smem_per_block_optin);
+    allow_register_epilogue<Activation::gelu_erf>(limits.smem_per_block_optin);
+    allow_register_epilogue<Activation::gelu_tanh>(limits.smem_per_block_optin);
+    allow_register_epilogue<Activation::silu>(limits.smem_per_block_optin);
     return limits;
   });
 }
@@ -100,7 +112,7 @@ void launch(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, Ge
   const std::int64_t blocks = ceil_div(shape.m, Cfg::block_m) * tiles_n;  // <= 2^31 - 1 (validated)
   Epilogue e = epilogue;
   int smem = Cfg::smem_bytes;
-  if constexpr (Epilogue::staged) {
+  if constexpr (prefetches_epilogue_inputs<Epilogue>) {
     // Prefetch the residual and bias at the start when there is something to fetch, the fast path
     // applies, and the extra shared memory fits (small and narrow tiles everywhere but the 99 KiB
     // parts, medium on sm_80 / sm_90; never the large tile).
@@ -388,6 +400,27 @@ void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bf
 
 namespace {
 
+// The small-deep tile with bias, activation and residual applied in registers
+// (RegisterBiasActivationResidual, gemm_bf16_block.cuh): the kernel of `epilogue.activation`.
+void run_small_deep_in_registers(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                                 const GemmBf16Epilogue& epilogue, bool vector, const DeviceLimits& limits,
+                                 cudaStream_t stream) {
+  const bool paired = shape.n % 2 == 0 && aligned_to(c, 4);  // as run()
+  const int n = static_cast<int>(shape.n);
+  const auto go = [&](auto activation) {
+    const RegisterBiasActivationResidual<decltype(activation)::value> e{epilogue.bias, epilogue.residual, n, vector};
+    launch<SmallDeepTile>(a, w, c, shape, paired, e, limits.smem_per_block_optin, stream);
+  };
+  switch (epilogue.activation) {
+    case Activation::none: go(std::integral_constant<Activation, Activation::none>{}); break;
+    case Activation::relu: go(std::integral_constant<Activation, Activation::relu>{}); break;
+    case Activation::gelu_erf: go(std::integral_constant<Activation, Activation::gelu_erf>{}); break;
+    case Activation::gelu_tanh: go(std::integral_constant<Activation, Activation::gelu_tanh>{}); break;
+    case Activation::silu: go(std::integral_constant<Activation, Activation::silu>{}); break;
+  }
+  check_launch();
+}
+
 // Picks the epilogue struct for `epilogue` and runs it.
 void run_epilogue(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                   const GemmBf16Epilogue& epilogue, GemmBf16Tile tile, const DeviceLimits& limits,
@@ -398,6 +431,13 @@ void run_epilogue(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16*
   const int n = static_cast<int>(shape.n);
   if (epilogue.swiglu) {
     run(a, w, c, shape, tile, limits, stream, SwiGlu{epilogue.bias, nullptr, n, vector});
+  } else if (tile == GemmBf16Tile::small_deep && gemm_bf16_tile_info(tile, limits.smem_per_block_optin).fits &&
+             vector &&
+             smem_bytes_with_prefetch<SmallDeepTile, RegisterBiasActivationResidual<Activation::none>>(
+                 limits.smem_per_block_optin) > SmallDeepTile::smem_bytes) {
+    // The register epilogue reads bias and residual from the Prefetch area only: 16-byte aligned
+    // rows that fit beside the pipeline. Anything else takes the staged epilogue below.
+    run_small_deep_in_registers(a, w, c, shape, epilogue, vector, limits, stream);
   } else {
     run(a, w, c, shape, tile, limits, stream,
         BiasActivationResidual{epilogue.bias, epilogue.residual, n, epilogue.activation, vector});
