@@ -413,8 +413,9 @@ struct SwiGlu {
 
 /// out = act(acc + bias) + residual in registers, with bias and residual prefetched into shared
 /// memory (the Prefetch area). Launched only where that prefetch applies (`vector`, and the area
-/// fits beside the pipeline: gemm_bf16_mma.cu's run_epilogue); other calls take the staged
-/// epilogue. The activation is the template argument, so the kernel holds one activation's code.
+/// fits beside the pipeline: gemm_bf16_mma.cu's run_epilogue), and stored as whole bf16x2 pairs;
+/// other calls take the staged epilogue. The activation is the template argument, so the kernel
+/// holds one activation's code.
 template <Activation kActivation>
 struct RegisterBiasActivationResidual {
   static constexpr bool staged = false;       ///< finished in registers (finish_pair)
@@ -426,28 +427,22 @@ struct RegisterBiasActivationResidual {
   bool prefetched = false;                    ///< vector, and the launch added Prefetch<Cfg>::bytes of shared memory
 
   /// Finishes the pair (x, y) at (tile_row, tile_col) and (tile_row, tile_col + 1) of the block's
-  /// tile, right before the plain store, in the thread that holds it. `smem` is the kernel's shared
-  /// memory: the Prefetch area follows the pipeline's buffers. `vector` makes every stored pair
-  /// whole and each pair of bias or residual one aligned bf16x2.
+  /// tile, right before its store, in the thread that holds it. `smem` is the kernel's shared
+  /// memory: the Prefetch area follows the pipeline's buffers, and holds zeros where there is no
+  /// bias or no residual (prefetch_epilogue_inputs), so that the code has no branch on them: with
+  /// one, ptxas compiled every pair's code twice over and the kernel grew past the size at which the
+  /// K loop was still scheduled as the plain GEMM's (docs/notes/ch03.md, Session 21). A missing bias
+  /// or residual therefore adds +0.0f, which turns a -0 into +0: the one place where this path and
+  /// the staged one can differ. `vector` makes every pair whole and one aligned bf16x2.
   template <class Cfg>
   __device__ void finish_pair(float& x, float& y, int tile_row, int tile_col, const unsigned char* smem) const {
     const unsigned char* area = smem + Prefetch<Cfg>::offset;
-    float b0 = 0.0f, b1 = 0.0f, r0 = 0.0f, r1 = 0.0f;
-    if (bias != nullptr) {
-      const float2 b = __bfloat1622float2(
-          *reinterpret_cast<const __nv_bfloat162*>(area + Prefetch<Cfg>::residual_bytes + tile_col * 2));
-      b0 = b.x, b1 = b.y;
-    }
-    if (residual != nullptr) {
-      const float2 r = __bfloat1622float2(
-          *reinterpret_cast<const __nv_bfloat162*>(area + (tile_row * Prefetch<Cfg>::residual_ld + tile_col) * 2));
-      r0 = r.x, r1 = r.y;
-    }
-    // The staged epilogue's order and roundings (a missing bias or residual adds nothing, not +0,
-    // which would turn -0 into +0): the two paths give the same bits.
-    if (bias != nullptr) x += b0, y += b1;
-    x = activate(x, kActivation), y = activate(y, kActivation);
-    if (residual != nullptr) x += r0, y += r1;
+    const float2 b = __bfloat1622float2(
+        *reinterpret_cast<const __nv_bfloat162*>(area + Prefetch<Cfg>::residual_bytes + tile_col * 2));
+    const float2 r = __bfloat1622float2(
+        *reinterpret_cast<const __nv_bfloat162*>(area + (tile_row * Prefetch<Cfg>::residual_ld + tile_col) * 2));
+    x = activate(x + b.x, kActivation) + r.x;
+    y = activate(y + b.y, kActivation) + r.y;
   }
 };
 
@@ -469,6 +464,17 @@ __device__ __forceinline__ void prefetch_epilogue_inputs(const Epilogue& epilogu
                                                          int block_col0, int rows_left, int cols_left) {
   constexpr int kChunksPerTileRow = Cfg::block_n / 8;
   const int tid = static_cast<int>(threadIdx.x);
+  if constexpr (has_register_epilogue<Epilogue>) {
+    // The register epilogue adds bias and residual without asking whether they exist: zeros stand
+    // in for a missing one (plain stores, visible after the prologue's barrier).
+    auto zero = [&](int offset, int bytes) {
+      for (int q = tid; q < bytes / 16; q += Cfg::threads) {
+        *reinterpret_cast<uint4*>(smem + Prefetch<Cfg>::offset + offset + q * 16) = make_uint4(0, 0, 0, 0);
+      }
+    };
+    if (epilogue.residual == nullptr) zero(0, Prefetch<Cfg>::residual_bytes);
+    if (epilogue.bias == nullptr) zero(Prefetch<Cfg>::residual_bytes, Prefetch<Cfg>::bias_bytes);
+  }
   if (epilogue.residual != nullptr) {
     for (int q = tid; q < Cfg::block_m * kChunksPerTileRow; q += Cfg::threads) {
       const int r = q / kChunksPerTileRow, chunk = q % kChunksPerTileRow;
@@ -904,6 +910,10 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
         if constexpr (has_register_epilogue<Epilogue>) {
           // The prefetched bias and residual landed before the prologue's barrier.
           epilogue.template finish_pair<Cfg>(x, y, row, col, smem);
+          // Launched only on the vector path: N % 8 == 0 and c 16-byte aligned, so the pair exists
+          // whole and is one aligned bf16x2 (store_pair's tests would double the code again).
+          *reinterpret_cast<__nv_bfloat162*>(c_row + col) = __floats2bfloat162_rn(x, y);
+          continue;
         }
         store_pair(c_row + col, x, y, cols_left - col, paired);
       }

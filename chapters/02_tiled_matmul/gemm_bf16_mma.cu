@@ -116,8 +116,10 @@ void launch(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, Ge
     // Prefetch the residual and bias at the start when there is something to fetch, the fast path
     // applies, and the extra shared memory fits (small and narrow tiles everywhere but the 99 KiB
     // parts, medium on sm_80 / sm_90; never the large tile).
+    // The register epilogue always reads the area (zeros for a missing bias or residual).
+    const bool wanted = has_register_epilogue<Epilogue> || e.bias != nullptr || e.residual != nullptr;
     const int with = smem_bytes_with_prefetch<Cfg, Epilogue>(smem_per_block_optin);
-    if (e.vector && (e.bias != nullptr || e.residual != nullptr) && with > Cfg::smem_bytes) {
+    if (e.vector && wanted && with > Cfg::smem_bytes) {
       e.prefetched = true;
       smem = with;
     }
