@@ -771,15 +771,26 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   // thread commits exactly one group per slice, empty ones included, so "kPrologue - 1 groups may
   // still be pending" means "slice 0 landed", and in the loop "S-2" means "slice kt+1 landed".
   constexpr int kPrologue = Cfg::early_refill ? kStages : kStages - 1;
-  if constexpr (prefetches_epilogue_inputs<Epilogue>) {
+  if constexpr (Epilogue::staged) {
     // One more group, older than every slice's: the first wait below covers it too.
     if (epilogue.prefetched) {
       prefetch_epilogue_inputs<Cfg>(epilogue, smem, block_row0, block_col0, rows_left, cols_left);
       cp_async_commit();
     }
   }
+  // The register epilogue's prefetch rides in the group of the prologue's last slice: a group of
+  // its own in front would make the first wait below wait for the residual's 64 scattered rows
+  // too, and the K loop would start later. The loop waits for that group at iteration
+  // kPrologue - 2 and passes a barrier; a shorter K loop gets a barrier after it (below).
+  static_assert(!has_register_epilogue<Epilogue> || !Cfg::early_refill,
+                "the wait count below assumes the plain schedule");
   for (int s = 0; s < kPrologue; ++s) {
     if (s < k_tiles) issue_copies(s, s);
+    if constexpr (has_register_epilogue<Epilogue>) {
+      if (epilogue.prefetched && s == kPrologue - 1) {
+        prefetch_epilogue_inputs<Cfg>(epilogue, smem, block_row0, block_col0, rows_left, cols_left);
+      }
+    }
     cp_async_commit();
   }
   cp_async_wait<kPrologue - 1>();
@@ -825,6 +836,9 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
     }
   }
   cp_async_wait<0>();  // only empty groups can be left; leave nothing in flight at exit
+  if constexpr (has_register_epilogue<Epilogue>) {
+    if (k_tiles < kPrologue - 1) __syncthreads();  // every thread's prefetch landed: visible to all
+  }
 
   if constexpr (Epilogue::staged) {
     staged_epilogue<Cfg>(acc, epilogue, smem, c, block_row0, block_col0, rows_left, cols_left, warp_row0, warp_col0);
