@@ -71,7 +71,9 @@
 /// accumulators leave. Chapter 2's GEMM uses NoEpilogue: each thread rounds and stores its pairs
 /// straight from registers. Chapter 3's epilogues (bias + activation + residual, SwiGLU) are
 /// "staged": the accumulators go through shared memory to a short loop that applies them (see
-/// "staged epilogues" below for why); gemm_bf16_epilogue.hpp describes what they compute.
+/// "staged epilogues" below for why), except on the small-deep tile, whose single wave finishes
+/// bias + activation + residual in registers ("the register epilogue" below says why);
+/// gemm_bf16_epilogue.hpp describes what they compute.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -221,7 +223,8 @@ struct NoEpilogue {
 };
 
 // ---------------------------------------------------------------------------- staged epilogues
-// Chapter 3's epilogues do not work on the accumulators in registers. A first version did: every
+// Chapter 3's epilogues do not work on the accumulators in registers (but on the small-deep tile:
+// "the register epilogue" below). A first version did: every
 // thread applied bias, activation and residual to each of its 128 accumulators in the kernel's
 // last, fully unrolled loop. Correct, but the large tile's kernel grew from 2,560 to 18,048
 // instructions (a switch over five activations, inlined 256 times), and straight-line code that
