@@ -568,6 +568,23 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
   }
 }
 
+// After a round whose winning key is `best`: the lane that held it moves its second candidate up,
+// and if a lane won with no second known (c1 == c2), the warp rescans for each lane's best two
+// below `best` (the winners so far are exactly the keys >= best). Versions 5 and 6 both call it.
+template <int N>
+__device__ __forceinline__ void advance_after_round(const unsigned (&packed)[N], unsigned best, unsigned& c1,
+                                                    unsigned& c2) {
+  const bool won = c1 == best;
+  const bool dry = won && c1 == c2;  // won, and no second candidate known
+  c1 = won ? c2 : c1;                // after a win c1 == c2: "no second" until a rescan
+  if (__any_sync(kFullMask, dry)) {
+    unsigned below[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) below[j] = packed[j] < best ? packed[j] : kTakenKey;
+    top2_packed<0, N>(below, c1, c2);
+  }
+}
+
 // The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
 // untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
 // r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
@@ -607,16 +624,7 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
         if (r == s * L + seg_lane) slot[s] = best;
       }
     }
-    const bool won = c1 == best;
-    const bool dry = won && c1 == c2;  // won, and no second candidate known
-    c1 = won ? c2 : c1;                // after a win c1 == c2: "no second" until a rescan
-    if (__any_sync(kFullMask, dry)) {
-      // The lane's best two below the last winner: the winners so far are exactly the keys >= best.
-      unsigned below[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j) below[j] = packed[j] < best ? packed[j] : kTakenKey;
-      top2_packed<0, N>(below, c1, c2);
-    }
+    advance_after_round(packed, best, c1, c2);
   }
   if constexpr (kWinnersInShared) {
     // Rows 0 .. k of the column hold the k winners and the (k+1)-th, stored by this lane. Lane r < k
@@ -927,15 +935,7 @@ __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&pa
     const unsigned best = __reduce_max_sync(kFullMask, c1);
     column[r * 32] = best;
     if (r == kK) break;
-    const bool won = c1 == best;
-    const bool dry = won && c1 == c2;  // won, and no second candidate known
-    c1 = won ? c2 : c1;                // after a win c1 == c2: "no second" until a rescan
-    if (__any_sync(kFullMask, dry)) {
-      unsigned below[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j) below[j] = packed[j] < best ? packed[j] : kTakenKey;
-      top2_packed<0, N>(below, c1, c2);
-    }
+    advance_after_round(packed, best, c1, c2);
   }
 }
 
