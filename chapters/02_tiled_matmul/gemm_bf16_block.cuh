@@ -925,7 +925,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
         if (col >= cols_left) continue;
         float x = acc[mt][nt][2 * half], y = acc[mt][nt][2 * half + 1];
         if constexpr (has_register_epilogue<Epilogue>) {
-          // The prefetched bias and residual landed before the prologue's barrier.
+          // The prefetch's group was waited for, and a barrier passed, in the loop or right after it.
           epilogue.template finish_pair<Cfg>(x, y, row, col, smem);
           // Launched only on the vector path: N % 8 == 0 and c 16-byte aligned, so the pair exists
           // whole and is one aligned bf16x2 (store_pair's tests would double the code again).
