@@ -324,16 +324,19 @@ TEST_F(FusedEpilogueGpu, EveryTile) {
 
 // The small-deep tile (the single-wave tile of M = 128 on sm_90) applies bias, activation and
 // residual in registers, one kernel per activation: every activation with and without bias and
-// residual, on partial tiles, with K shorter than the prologue (the prefetch's group is waited
-// for after the loop) and longer (inside it). N = 130 is not a multiple of 8, so that call takes
-// the staged epilogue's element loop instead.
+// residual, on partial tiles. Bias and residual are copied once the last K slice is issued, which
+// for the 12-stage pipeline (11 slices in the prologue) puts them: after the loop's waits (K = 200,
+// 4 slices: a barrier after the loop), in the last iteration's group (K = 704, 11 slices: the first
+// part of the loop is empty), and between the loop's two parts (K = 1000, 16 slices). N = 130 is not
+// a multiple of 8, so that call takes the staged epilogue's element loop instead.
 TEST_F(FusedEpilogueGpu, SmallDeepRegisterEpilogueEveryOption) {
   const GemmBf16Tile tile = GemmBf16Tile::small_deep;
   if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) {
     GTEST_SKIP() << "the small-deep tile does not fit this GPU's shared memory per block";
   }
   const std::uint64_t seed = kc::test::test_seed();
-  for (GemmShape s : {GemmShape{130, 264, 200}, GemmShape{70, 136, 1000}, GemmShape{70, 130, 72}}) {
+  for (GemmShape s :
+       {GemmShape{130, 264, 200}, GemmShape{70, 136, 704}, GemmShape{70, 136, 1000}, GemmShape{70, 130, 72}}) {
     const Problem p = random_problem(s, seed);
     for (Activation act : kActivations) {
       for (bool bias : {false, true}) {

@@ -781,19 +781,11 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
       cp_async_commit();
     }
   }
-  // The register epilogue's prefetch rides in the group of the prologue's last slice: a group of
-  // its own in front would make the first wait below wait for the residual's 64 scattered rows
-  // too, and the K loop would start later. The loop waits for that group at iteration
-  // kPrologue - 2 and passes a barrier; a shorter K loop gets a barrier after it (below).
+  // The register epilogue copies its bias and residual later, once every slice is issued (below).
   static_assert(!has_register_epilogue<Epilogue> || !Cfg::early_refill,
                 "the wait count below assumes the plain schedule");
   for (int s = 0; s < kPrologue; ++s) {
     if (s < k_tiles) issue_copies(s, s);
-    if constexpr (has_register_epilogue<Epilogue>) {
-      if (epilogue.prefetched && s == kPrologue - 1) {
-        prefetch_epilogue_inputs<Cfg>(epilogue, smem, block_row0, block_col0, rows_left, cols_left);
-      }
-    }
     cp_async_commit();
   }
   cp_async_wait<kPrologue - 1>();
@@ -803,44 +795,64 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
 
   int read_stage = 0;                                     // buffer holding slice kt
   int write_stage = Cfg::early_refill ? 0 : kStages - 1;  // buffer the next copies go to (see below)
-  for (int kt = 0; kt < k_tiles; ++kt) {
+  // The register epilogue copies its bias and residual once every slice has been issued, with the
+  // last kPrologue slices still to multiply: the copies join the next group, otherwise empty, which
+  // the loop's last iteration waits for, behind its barrier. Copied in the prologue instead, they
+  // share the first slices' start-up, when every block waits for memory at once; measured, the
+  // fused M = 128 kernel took about 0.5 us longer that way (docs/notes/ch03.md, Session 22). The K
+  // loop therefore runs in two parts with the copies between them, not with a branch inside it:
+  // with the branch, ptxas inlined the copies into the loop and scheduled it anew.
+  constexpr int kParts = has_register_epilogue<Epilogue> ? 2 : 1;
+  const int first_part_end = kParts == 2 && k_tiles > kPrologue ? k_tiles - kPrologue : 0;
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      if (kk == kKSteps - 1) {
-        // The next slice's fragments come next: it must have landed, for every thread's copies. The
-        // same barrier tells the next copies (issued at the next kk == 0, or just below with early
-        // refill) that every warp has read this slice (its last fragments were loaded at the
-        // previous kk), so its buffer can be refilled.
-        cp_async_wait<kStages - 2>();
-        __syncthreads();
-        read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
-      }
-      load_fragments((kk + 1) % 2, read_stage, (kk + 1) % kKSteps);
-
-      // Plain: slice kt+S-1 into the buffer slice kt-1 used. Early refill: right after the barrier
-      // and the next slice's first ldmatrix, slice kt+S into the buffer every warp has just read.
-      if (kk == (Cfg::early_refill ? kKSteps - 1 : 0)) {
-        const int next = kt + (Cfg::early_refill ? kStages : kStages - 1);
-        if (next < k_tiles) issue_copies(write_stage, next);
-        cp_async_commit();
-        write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
-      }
-
-      const int cur = kk % 2;
+  for (int part = 0; part < kParts; ++part) {
+    const int part_begin = part == 0 ? 0 : first_part_end;
+    const int part_end = part + 1 < kParts ? first_part_end : k_tiles;
+    for (int kt = part_begin; kt < part_end; ++kt) {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
-          // Serpentine order: the first mma of a row reuses the B fragment of the last one.
-          const int nt = mt % 2 == 0 ? j : kNTiles - 1 - j;
-          mma_bf16_16816(acc[mt][nt], a_frag[cur][mt], b_frag[cur][nt]);
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        if (kk == kKSteps - 1) {
+          // The next slice's fragments come next: it must have landed, for every thread's copies. The
+          // same barrier tells the next copies (issued at the next kk == 0, or just below with early
+          // refill) that every warp has read this slice (its last fragments were loaded at the
+          // previous kk), so its buffer can be refilled.
+          cp_async_wait<kStages - 2>();
+          __syncthreads();
+          read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
         }
+        load_fragments((kk + 1) % 2, read_stage, (kk + 1) % kKSteps);
+
+        // Plain: slice kt+S-1 into the buffer slice kt-1 used. Early refill: right after the barrier
+        // and the next slice's first ldmatrix, slice kt+S into the buffer every warp has just read.
+        if (kk == (Cfg::early_refill ? kKSteps - 1 : 0)) {
+          const int next = kt + (Cfg::early_refill ? kStages : kStages - 1);
+          if (next < k_tiles) issue_copies(write_stage, next);
+          cp_async_commit();
+          write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+        }
+
+        const int cur = kk % 2;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) {
+            // Serpentine order: the first mma of a row reuses the B fragment of the last one.
+            const int nt = mt % 2 == 0 ? j : kNTiles - 1 - j;
+            mma_bf16_16816(acc[mt][nt], a_frag[cur][mt], b_frag[cur][nt]);
+          }
+        }
+      }
+    }
+    if constexpr (has_register_epilogue<Epilogue>) {
+      if (part == 0 && epilogue.prefetched) {
+        prefetch_epilogue_inputs<Cfg>(epilogue, smem, block_row0, block_col0, rows_left, cols_left);
       }
     }
   }
   cp_async_wait<0>();  // only empty groups can be left; leave nothing in flight at exit
   if constexpr (has_register_epilogue<Epilogue>) {
-    if (k_tiles < kPrologue - 1) __syncthreads();  // every thread's prefetch landed: visible to all
+    // A K loop of fewer than kPrologue slices ends before the wait that covers the copies' group.
+    if (k_tiles < kPrologue) __syncthreads();
   }
 
   if constexpr (Epilogue::staged) {
@@ -925,7 +937,7 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
         if (col >= cols_left) continue;
         float x = acc[mt][nt][2 * half], y = acc[mt][nt][2 * half + 1];
         if constexpr (has_register_epilogue<Epilogue>) {
-          // The prefetch's group was waited for, and a barrier passed, in the loop or right after it.
+          // The copies' group was waited for, and a barrier passed, in the loop or right after it.
           epilogue.template finish_pair<Cfg>(x, y, row, col, smem);
           // Launched only on the vector path: N % 8 == 0 and c 16-byte aligned, so the pair exists
           // whole and is one aligned bf16x2 (store_pair's tests would double the code again).
