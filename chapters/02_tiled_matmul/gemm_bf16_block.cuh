@@ -262,10 +262,11 @@ struct Staging {
   static_assert(part_rows % Cfg::warp_m == 0, "each warp's rows lie in one part");
 };
 
-/// Shared memory a staged epilogue adds after the pipeline's buffers when it prefetches: the whole
-/// tile's residual rows, then its bias, copied by cp.async at the start of the kernel so that they
-/// have landed long before the epilogue needs them (a copy at the end exposes one memory latency
-/// per block, which matters when the grid is a single wave: M = 16 or 128).
+/// Shared memory an epilogue adds after the pipeline's buffers when it prefetches: the whole tile's
+/// residual rows, then its bias, copied by cp.async ahead of time so that they have landed before
+/// the epilogue needs them (a copy at the end exposes one memory latency per block, which matters
+/// when the grid is a single wave: M = 16 or 128). Staged epilogues start the copies at the start
+/// of the kernel, the register epilogue once the last K slice is issued (gemm_bf16_block_k_range).
 template <class Cfg>
 struct Prefetch {
   /// bf16 a prefetched residual row: 16 bytes of padding, so that the 8 rows of a warp's pairs in
@@ -455,7 +456,7 @@ inline constexpr bool has_register_epilogue = requires {
   Epilogue::in_registers;
 };
 
-/// True for epilogues that may prefetch bias and residual into the Prefetch area at the start.
+/// True for epilogues that may prefetch bias and residual into the Prefetch area.
 template <class Epilogue>
 inline constexpr bool prefetches_epilogue_inputs = Epilogue::staged || has_register_epilogue<Epilogue>;
 
