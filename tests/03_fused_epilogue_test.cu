@@ -7,8 +7,8 @@
 // (2^-9 relative); the unfused path rounds after the GEMM and after each pass, and the activation is
 // evaluated on a rounded input, so its error is a few times larger but still around 1e-3. A wrong
 // activation (erf vs tanh GELU differ by up to ~1e-3 absolute, too little to see) is caught by the
-// CPU tests of activate() instead; a missing bias or residual gives errors of order 1. Where the
-// terms of a sum nearly cancel, the tolerance is relative to the terms (tolerance_for).
+// CPU tests of activate() instead; a missing bias or residual gives errors of order 1. A one-element
+// output whose terms nearly cancel is measured against the terms instead (tolerance_for).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -271,14 +271,16 @@ double frobenius(std::span<const double> v) {
 
 // The tolerance for an output that sums the product, the bias and the residual. Each term carries a
 // rounding error of its own size (the unfused path stores bf16 between its passes; GELU(tanh) uses
-// tanh.approx), so where the terms nearly cancel, the output is small next to them and its relative
-// error large: a one-element output (M = N = 1) can miss 1e-2 for that reason alone, with correct
-// code. So the tolerance is relative to the size of the terms, ||A·Wᵀ|| + ||bias|| + ||residual||,
-// when that exceeds the size of the output: the same 1e-2 rule, measured against what was summed.
-// On the tests' larger shapes the terms are up to about 2.5 times the output (ReLU and SiLU shrink
-// it); the expected errors stay near 1e-3 of the terms, and a missing bias or residual, an error of
-// order 1, still fails by far.
+// tanh.approx). Over many outputs those errors average out in the Frobenius norm and the course's
+// 1e-2 rule holds with a wide margin. A handful of outputs does not average: where the terms of a
+// one-element output (M = N = 1) nearly cancel, the output is small next to them and correct code
+// can miss 1e-2. So below kAveragedOutputs elements the rule is measured against the size of the
+// terms, ||A·Wᵀ|| + ||bias|| + ||residual||, when that exceeds the output's; larger outputs keep the
+// plain 1e-2. A missing bias or residual, an error of order 1, fails either way.
+constexpr std::size_t kAveragedOutputs = 64;
+
 double tolerance_for(const Problem& p, bool use_bias, bool use_residual, std::span<const double> want) {
+  if (want.size() >= kAveragedOutputs) return kTolerance;
   const GemmShape s = p.shape;
   const std::vector<double> product =
       kc::ch03::linear_reference(widen(p.a), widen(p.w), {}, {}, Activation::none, s.m, s.n, s.k);
