@@ -4,12 +4,10 @@
 // softmax -> top-k with renormalisation (label fp32_T{T}_E{E}_k{k}), and DeepSeek-V3 routing
 // (E = 256, n_group 8, topk_group 4, k = 8, factor 2.5; label fp32_dsv3_T{T}).
 // Variants: before (three kernels + workspace), after (one kernel; counts as CountMode::automatic
-// picks, moe_gating.hpp, zeroed inside the gating kernel through a count_sync word),
-// after_counts_fused and after_counts_separate (each way of counting at every size),
-// after_counts_zero_kernel (counts fused, no count_sync word: the zero_counts kernel in front, as
-// `after` ran before), after_no_counts (the same kernel, weights and ids only: issue 5's
-// "weights + ids" goal), limit (a copy kernel moving logits + outputs bytes, copy_bytes). pytorch
-// comes from tools/pytorch_baselines.py.
+// picks, moe_gating.hpp),
+// after_counts_fused and after_counts_separate (each way of counting at every size), after_no_counts (the
+// same kernel, weights and ids only: issue 5's "weights + ids" goal), limit (a copy kernel moving
+// logits + outputs bytes, copy_bytes). pytorch comes from tools/pytorch_baselines.py.
 // Also the cost of the warp primitives the kernels are built from (warp_primitives.hpp): variants
 // latency and throughput of cases primitive_shfl_xor, primitive_redux_max, primitive_vote_any and
 // primitive_ffma, with counters cycles_per_op and warp_ops_per_sm_clock (no bytes).
@@ -37,8 +35,7 @@
 // one row's epilogue at a time), ch04/tune_fused_v6 (`after`: Version 6, four rows' epilogue at once
 // where a warp has several rows, Version 5 elsewhere), ch04/tune_fused_v5_shuffle_max (Version 5 with
 // the rounds' max by shuffles, not redux.sync), ch04/tune_fused_v5_ordinary (Version 5 launched the
-// ordinary way, the counts zeroed by cudaMemsetAsync, as before Session 15), ch04/tune_fused_v6_zero_kernel
-// (`after` with the zero_counts kernel in front instead of a count_sync word), ch04/tune_fused_v6_no_counts and
+// ordinary way, the counts zeroed by cudaMemsetAsync, as before Session 15), ch04/tune_fused_v6_no_counts and
 // ch04/tune_fused_v5_ordinary_no_counts (weights and ids only, launched early and the ordinary way),
 // ch04/tune_limit and ch04/tune_limit_memcpy (the copy as a kernel and as cudaMemcpyAsync), and
 // ch04/tune_fused_v6_stream_timed, ch04/tune_limit_stream_timed and
@@ -68,9 +65,8 @@ double min_bytes(const kc::ch04::GatingParams& p) {
 
 enum class Variant {
   before,
-  after_automatic,    // with a count_sync word: the counts zeroed inside the gating kernel
-  after_fused,        // the same, counts fused explicitly
-  after_zero_kernel,  // counts fused without a count_sync word: zero_counts runs in front
+  after_automatic,
+  after_fused,
   after_separate,
   after_no_counts,
   limit,         // copy_bytes: a copy kernel
@@ -185,9 +181,6 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
   kc::DeviceBuffer<float> bias(bias_host);
   const float* bias_ptr = p.scoring == kc::ch04::Scoring::deepseek_v3 ? bias.data() : nullptr;
   kc::DeviceBuffer<unsigned char> workspace(kc::ch04::gating_before_workspace_bytes(p));
-  // The count_sync word (GatingOutputs): zeroed once here; every launch leaves it at 0.
-  kc::DeviceBuffer<std::uint32_t> count_sync(1);
-  kc::check(cudaMemset(count_sync.data(), 0, sizeof(std::uint32_t)));
   // limit: one contiguous copy of the same number of bytes. A copy of n bytes reads n and writes n:
   // n = min_bytes / 2 moves exactly min_bytes. Each set starts 16-byte aligned (copy_bytes).
   const bool copies = v == Variant::limit || v == Variant::limit_memcpy;
@@ -208,8 +201,7 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
   const auto launch = [&](int) {
     const std::size_t s = next++ % sets;
     const float* set_logits = logits.data() + s * t * e;
-    const kc::ch04::GatingOutputs out{weights.data() + s * t * k, ids.data() + s * t * k, counts.data() + s * e,
-                                      count_sync.data()};
+    const kc::ch04::GatingOutputs out{weights.data() + s * t * k, ids.data() + s * t * k, counts.data() + s * e};
     switch (v) {
       case Variant::before:
         kc::ch04::gating_before(p, set_logits, bias_ptr, out, workspace.data(), workspace.size(), stream);
@@ -218,10 +210,6 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
         kc::ch04::gating_after(p, set_logits, bias_ptr, out, stream, kc::ch04::CountMode::fused_atomics);
         break;
       case Variant::after_automatic: kc::ch04::gating_after(p, set_logits, bias_ptr, out, stream); break;
-      case Variant::after_zero_kernel:
-        kc::ch04::gating_after(p, set_logits, bias_ptr, kc::ch04::GatingOutputs{out.weights, out.ids, out.counts},
-                               stream, kc::ch04::CountMode::fused_atomics);
-        break;
       case Variant::after_separate:
         kc::ch04::gating_after(p, set_logits, bias_ptr, out, stream, kc::ch04::CountMode::separate_kernel);
         break;
@@ -278,7 +266,6 @@ void register_case(const kc::DeviceInfo& device, const std::string& label, const
   } variants[] = {{"before", Variant::before},
                   {"after", Variant::after_automatic},  // counts as CountMode::automatic picks
                   {"after_counts_fused", Variant::after_fused},
-                  {"after_counts_zero_kernel", Variant::after_zero_kernel},
                   {"after_counts_separate", Variant::after_separate},
                   {"after_no_counts", Variant::after_no_counts},
                   {"limit", Variant::limit}};
@@ -361,7 +348,6 @@ void register_tuning(const kc::DeviceInfo& device) {
                     {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch, Timing::graph},
                     {"tune_fused_v5", Variant::fused_v5, Timing::graph},
                     {"tune_fused_v6", Variant::after_fused, Timing::graph},
-                    {"tune_fused_v6_zero_kernel", Variant::after_zero_kernel, Timing::graph},
                     {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max, Timing::graph},
                     {"tune_fused_v5_ordinary", Variant::fused_v5_ordinary, Timing::graph},
                     {"tune_fused_v6_no_counts", Variant::after_no_counts, Timing::graph},

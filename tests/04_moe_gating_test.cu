@@ -119,19 +119,6 @@ TEST(MoeGatingArguments, RejectsNullPointersOnlyWhenThereAreTokens) {
   EXPECT_NO_THROW(kc::ch04::validate_gating(softmax_params(0, 8, 2), nullptr, nullptr, {}));
 }
 
-TEST(MoeGatingArguments, RejectsAMisalignedCountSyncWord) {
-  float x = 0;
-  std::int32_t i = 0;
-  alignas(8) std::uint32_t words[2] = {};
-  auto* misaligned = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(words) + 2);
-  expect_invalid_argument(
-      [&] {
-        kc::ch04::validate_gating(softmax_params(1, 8, 2), &x, nullptr, {&x, &i, &i, misaligned});
-      },
-      "out.count_sync must be 4-byte aligned");
-  EXPECT_NO_THROW(kc::ch04::validate_gating(softmax_params(1, 8, 2), &x, nullptr, {&x, &i, &i, words + 1}));
-}
-
 // Every launch function validates before touching CUDA: these throw without a GPU.
 TEST(MoeGatingArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
   const GatingParams bad = softmax_params(4, 8, 9);
@@ -313,12 +300,9 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
 
 // tune_*: the benchmark's tuning kernels (fp32 logits, counts fused); tune_v4 is
 // also what `after` runs past 2^30 logits, too large to test here.
-// after_fused and after_automatic count with the program's count_sync word (the counts zeroed
-// inside the gating kernel); after_zero_kernel counts fused without one (zero_counts in front).
 enum class Path {
   before,
   after_fused,
-  after_zero_kernel,
   after_separate,
   after_no_counts,
   after_automatic,
@@ -332,7 +316,6 @@ const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
     case Path::after_fused: return "after_counts_fused";
-    case Path::after_zero_kernel: return "after_counts_zero_kernel";
     case Path::after_separate: return "after_counts_separate";
     case Path::after_no_counts: return "after_no_counts";
     case Path::after_automatic: return "after_counts_automatic";
@@ -345,34 +328,9 @@ const char* path_name(Path p) {
   return "unknown";
 }
 
-// One count_sync word for every launch of the test program that uses one (GatingOutputs): each
-// launch must leave it at 0 for the next, and check_case reads it back after every launch. Never
-// freed: it lives as long as the program's CUDA context.
-std::uint32_t* count_sync_word() {
-  static std::uint32_t* const word = [] {
-    std::uint32_t* w = nullptr;
-    kc::check(cudaMalloc(&w, sizeof(std::uint32_t)));
-    kc::check(cudaMemset(w, 0, sizeof(std::uint32_t)));
-    return w;
-  }();
-  return word;
-}
-
-bool uses_count_sync(Path path) { return path == Path::after_fused || path == Path::after_automatic; }
-
-// The word's value after a launch has finished: 0, or the next launch would misorder its blocks.
-// Reset here when it is not, so that one failure does not spread to the tests after it.
-void expect_count_sync_reset() {
-  std::uint32_t value = 0;
-  kc::check(cudaMemcpy(&value, count_sync_word(), sizeof(value), cudaMemcpyDeviceToHost));
-  EXPECT_EQ(value, 0u) << "the last block of a launch must put count_sync back to 0";
-  if (value != 0) kc::check(cudaMemset(count_sync_word(), 0, sizeof(std::uint32_t)));
-}
-
 template <typename T>
-void launch(Path path, const GatingParams& p, const T* logits, const float* bias, kc::ch04::GatingOutputs out,
+void launch(Path path, const GatingParams& p, const T* logits, const float* bias, const kc::ch04::GatingOutputs& out,
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
-  if (uses_count_sync(path) && out.counts != nullptr) out.count_sync = count_sync_word();
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
   } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
@@ -398,7 +356,7 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
     kc::ch04::gating_after(p, logits, bias, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr}, stream);
   } else {
     kc::ch04::gating_after(p, logits, bias, out, stream,
-                           path == Path::after_separate ? CountMode::separate_kernel : CountMode::fused_atomics);
+                           path == Path::after_fused ? CountMode::fused_atomics : CountMode::separate_kernel);
   }
 }
 
@@ -417,7 +375,6 @@ void check_case(Path path, const GatingParams& p, const std::vector<T>& logits, 
   launch(path, p, d_logits.data(), bias.empty() ? nullptr : d_bias.data(), {weights.data(), ids.data(), counts.data()},
          workspace, nullptr);
   kc::check(cudaDeviceSynchronize());
-  if (uses_count_sync(path)) expect_count_sync_reset();
 
   const std::vector<double> bias64(bias.begin(), bias.end());
   const GatingReference ref = kc::ch04::gating_reference(p, widen(logits), bias64);
@@ -447,8 +404,8 @@ const int kKs[] = {1, 2, 6, 8, 32};
 
 TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_zero_kernel, Path::after_separate, Path::after_no_counts,
-                    Path::after_automatic, Path::before, Path::tune_v4}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before,
+                    Path::tune_v4}) {
     for (int e : kExperts) {
       for (int k : kKs) {
         if (k > e) continue;
@@ -623,8 +580,8 @@ TEST_F(MoeGatingGpu, BatchedEpilogueFollowsTheNanPolicy) {
 
 TEST_F(MoeGatingGpu, DeepSeekV3) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_zero_kernel, Path::after_separate, Path::after_no_counts,
-                    Path::after_automatic, Path::before}) {
+  for (Path path :
+       {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before}) {
     for (const GatingParams& shape :
          {dsv3_params(1), dsv3_params(7), dsv3_params(4096), dsv3_params(7, 64, 6, 8, 3), dsv3_params(7, 384, 8, 8, 4),
           dsv3_params(7, 512, 32, 16, 8), dsv3_params(7, 8, 2, 4, 2), dsv3_params(7, 160, 8, 1, 1)}) {
@@ -677,7 +634,7 @@ TEST_F(MoeGatingGpu, CountsSummedInClustersMatchTheReference) {
     std::int64_t t;
   } shapes[] = {
       {6, 2, 64 * 256 + 1}, {60, 6, 64 * 32 + 1}, {128, 8, 64 * 16 + 1}, {256, 8, 64 * 8 + 1}, {384, 8, 64 * 8 + 1}};
-  for (Path path : {Path::after_fused, Path::after_zero_kernel, Path::after_automatic}) {
+  for (Path path : {Path::after_fused, Path::after_automatic}) {
     for (const auto& shape : shapes) {
       const auto logits = grid_logits(static_cast<std::size_t>(shape.t * shape.e), seed + shape.e);
       check_case(path, softmax_params(shape.t, shape.e, shape.k, true), logits);
@@ -742,7 +699,7 @@ __global__ void late_producer(const float* source, float* logits, std::size_t co
 // kernel before it here writes both 50 µs after it let them launch.
 TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_zero_kernel, Path::after_separate, Path::after_automatic}) {
+  for (Path path : {Path::after_fused, Path::after_separate, Path::after_automatic}) {
     for (const GatingParams& p : {softmax_params(4099, 256, 8, true), softmax_params(333, 8, 2, false),
                                   softmax_params(1000, 60, 6, true), dsv3_params(515)}) {
       SCOPED_TRACE(std::string(path_name(path)) + " E=" + std::to_string(p.num_experts) +
@@ -761,11 +718,10 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
       kc::test::GuardedOutput<std::int32_t> ids(tk), counts(static_cast<std::size_t>(p.num_experts));
       // Loaded and run once first: a first launch's module loading outlasts late_producer's 50 us,
       // and the gating kernels would then start after it whatever they do.
-      const CountMode mode = path == Path::after_separate    ? CountMode::separate_kernel
-                             : path == Path::after_automatic ? CountMode::automatic
-                                                             : CountMode::fused_atomics;
-      const kc::ch04::GatingOutputs out{weights.data(), ids.data(), counts.data(),
-                                        uses_count_sync(path) ? count_sync_word() : nullptr};
+      const CountMode mode = path == Path::after_fused      ? CountMode::fused_atomics
+                             : path == Path::after_separate ? CountMode::separate_kernel
+                                                            : CountMode::automatic;
+      const kc::ch04::GatingOutputs out{weights.data(), ids.data(), counts.data()};
       kc::ch04::gating_after(p, logits.data(), bias.empty() ? nullptr : d_bias.data(), out, nullptr, mode);
       kc::check(cudaDeviceSynchronize());
       weights.poison();
@@ -780,7 +736,6 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
       kc::test::expect_close(kc::compare<float>(weights.to_host(), ref.weights, kc::test::kPoisonByte), 1e-5,
                              "weights");
       EXPECT_EQ(counts.to_host(), ref.counts);
-      if (uses_count_sync(path)) expect_count_sync_reset();
     }
   }
 }
@@ -831,8 +786,8 @@ TEST_F(MoeGatingGpu, DeepSeekBiasWrittenBeforeANonKernelOperationIsSeen) {
 
 TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (Path path : {Path::after_fused, Path::after_zero_kernel, Path::after_separate, Path::after_no_counts,
-                    Path::after_automatic, Path::before}) {
+  for (Path path :
+       {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before}) {
     for (int e : {8, 256}) {
       SCOPED_TRACE(std::string(path_name(path)) + " E=" + std::to_string(e));
       const GatingParams p = softmax_params(4099, e, std::min(e, 8));
@@ -857,87 +812,6 @@ TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
     kc::test::expect_graph_capturable(run);
     kc::test::expect_bitwise_repeatable(run);
   }
-  expect_count_sync_reset();  // after every replay above
-}
-
-// The count_sync word across launches of different grids, one after another on a stream (each
-// launch's first block to finish zeroes the counts, its last resets the word), and two streams at
-// once with a word each. Counts are poisoned before every launch by a memset on the same stream, so
-// a launch that added to unzeroed counts, or a block that added before the zeroing, shows.
-TEST_F(MoeGatingGpu, CountSyncWordOrdersEveryLaunch) {
-  const std::uint64_t seed = kc::test::test_seed();
-  struct Case {
-    GatingParams p;
-    std::vector<float> logits, bias;
-    GatingReference ref;
-  };
-  std::vector<Case> cases;
-  for (const GatingParams& p :
-       {softmax_params(1, 256, 8, true), softmax_params(4099, 256, 8, true), softmax_params(333, 8, 2, false),
-        softmax_params(20011, 256, 8, true), softmax_params(1000, 60, 6, true), dsv3_params(4096),
-        softmax_params(2, 512, 32, false)}) {
-    Case c{p, {}, {}, {}};
-    if (p.scoring == Scoring::deepseek_v3) {
-      dsv3_inputs(p.num_tokens, p.num_experts, seed, c.logits, c.bias);
-    } else {
-      c.logits = grid_logits(static_cast<std::size_t>(p.num_tokens * p.num_experts), seed + cases.size());
-    }
-    c.ref = kc::ch04::gating_reference(p, widen(c.logits), widen(c.bias));
-    cases.push_back(std::move(c));
-  }
-  struct Lane {
-    cudaStream_t stream = nullptr;
-    kc::DeviceBuffer<std::uint32_t> word{1};
-  };
-  Lane lanes[2];
-  for (Lane& lane : lanes) {
-    kc::check(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
-    kc::check(cudaMemset(lane.word.data(), 0, sizeof(std::uint32_t)));
-  }
-  // Device copies of every case's inputs and two sets of outputs, one a stream.
-  std::vector<kc::DeviceBuffer<float>> logits, bias;
-  std::vector<kc::DeviceBuffer<float>> weights[2];
-  std::vector<kc::DeviceBuffer<std::int32_t>> ids[2], counts[2];
-  for (const Case& c : cases) {
-    logits.emplace_back(c.logits);
-    bias.emplace_back(c.bias);
-    const auto tk = static_cast<std::size_t>(c.p.num_tokens * c.p.k);
-    for (int l = 0; l < 2; ++l) {
-      weights[l].emplace_back(tk);
-      ids[l].emplace_back(tk);
-      counts[l].emplace_back(static_cast<std::size_t>(c.p.num_experts));
-    }
-  }
-  const int rounds = kc::test::small_tests_only() ? 1 : 3;  // one round under the sanitizers
-  for (int round = 0; round < rounds; ++round) {
-    // Stream l runs the cases in its own order, so the two streams' grids differ at any moment.
-    for (std::size_t step = 0; step < cases.size(); ++step) {
-      for (int l = 0; l < 2; ++l) {
-        const std::size_t i = l == 0 ? step : cases.size() - 1 - step;
-        const Case& c = cases[i];
-        kc::check(cudaMemsetAsync(counts[l][i].data(), kc::test::kPoisonByte,
-                                  counts[l][i].size() * sizeof(std::int32_t), lanes[l].stream));
-        const kc::ch04::GatingOutputs out{weights[l][i].data(), ids[l][i].data(), counts[l][i].data(),
-                                          lanes[l].word.data()};
-        kc::ch04::gating_after(c.p, logits[i].data(), c.bias.empty() ? nullptr : bias[i].data(), out, lanes[l].stream,
-                               CountMode::fused_atomics);
-      }
-    }
-    for (Lane& lane : lanes) kc::check(cudaStreamSynchronize(lane.stream));
-    for (std::size_t i = 0; i < cases.size(); ++i) {
-      for (int l = 0; l < 2; ++l) {
-        SCOPED_TRACE("round " + std::to_string(round) + " stream " + std::to_string(l) + " case " + std::to_string(i) +
-                     " T=" + std::to_string(cases[i].p.num_tokens) + " E=" + std::to_string(cases[i].p.num_experts));
-        EXPECT_EQ(counts[l][i].to_host(), cases[i].ref.counts);
-        EXPECT_EQ(ids[l][i].to_host(), cases[i].ref.ids);
-      }
-    }
-    for (int l = 0; l < 2; ++l) {
-      EXPECT_EQ(lanes[l].word.to_host(), std::vector<std::uint32_t>{0u})
-          << "stream " << l << "'s word after round " << round;
-    }
-  }
-  for (Lane& lane : lanes) kc::check(cudaStreamDestroy(lane.stream));
 }
 
 TEST_F(MoeGatingGpu, BadArgumentsWriteNothing) {
@@ -952,13 +826,6 @@ TEST_F(MoeGatingGpu, BadArgumentsWriteNothing) {
   expect_invalid_argument(
       [&] { kc::ch04::gating_before(softmax_params(64, 8, 2), logits.data(), nullptr, out, nullptr, 0); },
       "workspace must not be null");
-  kc::DeviceBuffer<std::uint32_t> words(2);
-  kc::check(cudaMemset(words.data(), 0, 2 * sizeof(std::uint32_t)));
-  const kc::ch04::GatingOutputs misaligned{
-      weights.data(), ids.data(), counts.data(),
-      reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(words.data()) + 2)};
-  expect_invalid_argument([&] { kc::ch04::gating_after(softmax_params(64, 8, 2), logits.data(), nullptr, misaligned); },
-                          "out.count_sync must be 4-byte aligned");
   // A tuning entry point refuses DeepSeek-V3 routing before anything is launched: the counts it
   // would zero first stay poisoned.
   expect_invalid_argument([&] { kc::ch04::tune::gating_after_v5(dsv3_params(64, 8, 2, 2, 1), logits.data(), out); },
@@ -967,7 +834,6 @@ TEST_F(MoeGatingGpu, BadArgumentsWriteNothing) {
   EXPECT_EQ(kc::count_poisoned(std::span<const float>(weights.to_host()), kc::test::kPoisonByte), 128u);
   EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(ids.to_host()), kc::test::kPoisonByte), 128u);
   EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(counts.to_host()), kc::test::kPoisonByte), 8u);
-  EXPECT_EQ(words.to_host(), (std::vector<std::uint32_t>{0u, 0u}));
 }
 
 // ---------------------------------------------------------------- the warp primitives' cost

@@ -11,8 +11,6 @@
 ///   (all −Inf and/or NaN) gets weights 0 (its ids are still the k lowest-ranked-first by the tie rule).
 ///   Finite logits never give a NaN weight.
 /// - Counts are overwritten: counts[e] = the number of (token, slot) pairs that chose expert e.
-///   gating_after() zeroes them with a small kernel in front of the gating kernel, or, given
-///   GatingOutputs::count_sync, inside the gating kernel itself (no second kernel).
 /// - T = 0 launches nothing. Nothing is allocated or synchronised on the launch path, so it can be
 ///   captured in a CUDA graph; bad arguments throw kc::InvalidArgument before anything is launched.
 #pragma once
@@ -63,20 +61,10 @@ struct GatingParams {
 
 /// Where a gating call writes. weights and ids are [T, k] row-major; counts is [E] or null
 /// (null: do not count).
-///
-/// count_sync (optional) lets gating_after() zero the counts inside its gating kernel instead of in
-/// a kernel launched in front of it: one std::uint32_t of device memory, set to 0 once by the caller
-/// (cudaMemset) before its first use. The kernel's blocks order themselves through it (the first
-/// block to finish zeroes the counts, the others wait for that before adding theirs, the last puts
-/// the word back to 0), so every launch finds it at 0 and leaves it at 0, graph replays included.
-/// Launches that may run at the same time (on different streams) need different words; after a
-/// launch that failed, set the word to 0 again. gating_before() and the separate counting kernel do
-/// not use it; it is ignored when counts is null.
 struct GatingOutputs {
-  float* weights = nullptr;             ///< [T, k] routing weights
-  std::int32_t* ids = nullptr;          ///< [T, k] expert ids
-  std::int32_t* counts = nullptr;       ///< [E] tokens per expert, or null
-  std::uint32_t* count_sync = nullptr;  ///< one zero-initialised word (see above), or null
+  float* weights = nullptr;        ///< [T, k] routing weights
+  std::int32_t* ids = nullptr;     ///< [T, k] expert ids
+  std::int32_t* counts = nullptr;  ///< [E] tokens per expert, or null
 };
 
 /// How the fused path counts tokens per expert.
@@ -88,7 +76,7 @@ enum class CountMode {
 };
 
 /// Checks every rule (T >= 0, 1 <= E <= 512, 1 <= k <= min(E, 32), the DeepSeek-V3 group rules,
-/// pointers, count_sync's alignment) and throws kc::InvalidArgument naming the first one broken, e.g.
+/// pointers) and throws kc::InvalidArgument naming the first one broken, e.g.
 /// "k (9) must be <= num_experts (8)". Host-only; every launch function calls it first.
 /// @param params shape and options
 /// @param logits the logits (fp32 or bf16; only null-ness is checked)

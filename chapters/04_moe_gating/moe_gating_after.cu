@@ -314,71 +314,7 @@ __device__ __forceinline__ int load_from_cluster_block(const int* address, unsig
   return value;
 }
 
-// Counting without a zeroing kernel (GatingOutputs::count_sync). The counts must be zero before any
-// block adds to them. A kernel in front can zero them (zero_counts below), but the gating kernel
-// then waits for that kernel's end: about 1.2 us at T = 65536 (docs/notes/ch04.md, Session 20).
-// Inside one kernel there is no barrier across blocks, so the blocks order themselves through one
-// word of device memory, zero before the launch and zero after it. When a block reaches its flush,
-// its thread 0 takes a ticket (an atomic add on the word's low bits):
-//   - ticket 0, the first block to finish, zeroes counts, then sets kCountsZeroed (a release);
-//   - every other block's thread 0 waits until it sees kCountsZeroed (an acquire) before the
-//     block's barrier, behind which its threads add their counts;
-//   - the last ticket (gridDim.x - 1) puts the word back to 0 for the next launch, once it has seen
-//     kCountsZeroed, so a waiter that reads 0 knows the counts were zeroed.
-// The block that zeroes is one that is already running: no block ever waits for a block that may not
-// have started (a grid larger than the GPU holds at once, or a GPU shared with other work, would
-// otherwise hang). The next launch on the stream touches the word only after this one has ended
-// (its blocks run griddepcontrol.wait first, or it starts after this kernel).
-constexpr std::uint32_t kCountsZeroed = 1u << 31;
-constexpr std::uint32_t kTicketMask = kCountsZeroed - 1;
-
-// The word's operations in PTX, at GPU scope: the acquire and release make the zeroing block's
-// stores visible to every block that has seen kCountsZeroed (or the reset) before its atomics.
-__device__ __forceinline__ std::uint32_t take_ticket(std::uint32_t* word) {
-  std::uint32_t before = 0;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(word) : "memory");
-  return before;
-}
-
-__device__ __forceinline__ void announce_counts_zeroed(std::uint32_t* word) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(word), "r"(kCountsZeroed) : "memory");
-}
-
-__device__ __forceinline__ std::uint32_t load_acquire(const std::uint32_t* word) {
-  std::uint32_t value = 0;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(word) : "memory");
-  return value;
-}
-
-__device__ __forceinline__ void reset_word(std::uint32_t* word) {
-  asm volatile("st.release.gpu.global.u32 [%0], 0;" ::"l"(word) : "memory");
-}
-
-// The ticket protocol above, run by every thread of the block at the start of its flush. On return,
-// thread 0 has seen the counts zeroed (or zeroed them with its block); the flush's next barrier
-// orders the other threads' atomics after that.
-__device__ __forceinline__ void zero_counts_once_per_launch(std::int32_t* counts, int num_experts,
-                                                            std::uint32_t* count_sync) {
-  __shared__ std::uint32_t ticket;
-  if (threadIdx.x == 0) ticket = take_ticket(count_sync);
-  __syncthreads();
-  const std::uint32_t mine = ticket;
-  if ((mine & kTicketMask) == 0) {  // the first block here
-    for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 0;
-    __syncthreads();  // every thread's zeroes precede thread 0's release
-    if (threadIdx.x == 0) announce_counts_zeroed(count_sync);
-  } else if (threadIdx.x == 0 && (mine & kCountsZeroed) == 0) {
-    std::uint32_t now = 0;
-    do {
-      now = load_acquire(count_sync);
-    } while ((now & kCountsZeroed) == 0 && now != 0);  // 0: the last block has reset it, after the zeroing
-  }
-  if (threadIdx.x == 0 && (mine & kTicketMask) == gridDim.x - 1) reset_word(count_sync);
-}
-
-__device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts,
-                                                std::uint32_t* count_sync) {
-  if (counts != nullptr && count_sync != nullptr) zero_counts_once_per_launch(counts, num_experts, count_sync);
+__device__ __forceinline__ void flush_histogram(const int* histogram, int num_experts, std::int32_t* counts) {
   const ClusterPlace place = my_cluster_place();
   if (place.blocks == kFlushClusterBlocks) {  // otherwise 1: not launched in clusters
     cluster_barrier();                        // every block's histogram is complete and visible to the cluster
@@ -402,10 +338,9 @@ __device__ __forceinline__ void flush_histogram(const int* histogram, int num_ex
   }
 }
 
-// Zeroes counts[0, E) for the fused kernels' atomics when the caller gives no count_sync word: a
-// kernel, not a cudaMemsetAsync, so that it too can be launched early, as its predecessor's
-// programmatic dependent, and let the gating kernel launch early behind it (docs/notes/ch04.md,
-// Session 15).
+// Zeroes counts[0, E) for the fused kernels' atomics: a kernel, not a cudaMemsetAsync, so that it
+// too can be launched early, as its predecessor's programmatic dependent, and let the gating kernel
+// launch early behind it (docs/notes/ch04.md, Session 15).
 __global__ void zero_counts(std::int32_t* counts, int num_experts) {
   start_as_dependent();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 0;
@@ -419,8 +354,7 @@ __device__ __forceinline__ void clear_histogram(int* histogram, int num_experts)
 struct SoftmaxArgs {
   float* weights;
   std::int32_t* ids;
-  std::int32_t* counts;       // null: do not count here
-  std::uint32_t* count_sync;  // null: counts already zeroed (zero_counts); else zeroed in the flush
+  std::int32_t* counts;  // null: do not count here
   std::int64_t num_tokens;
   int num_experts;
   int k;
@@ -509,7 +443,7 @@ __global__ void __launch_bounds__(kThreads) fused_softmax_topk_v3(const T* __res
       }
     }
   }
-  flush_histogram(histogram, a.num_experts, a.counts, a.count_sync);
+  flush_histogram(histogram, a.num_experts, a.counts);
 }
 
 // ---------------------------------------------------------------- Version 4: packed keys
@@ -817,16 +751,6 @@ struct GridStride {
   std::int64_t outputs;  // rows * k
 };
 
-// Blocks an SM must hold (the second number of __launch_bounds__, which caps the registers): 5 for
-// Version 5 at E = 129..256 in fp32 16-byte vectors (48 registers, 40 warps an SM; T = 4096 is then
-// one row a warp). ptxas picked 47 registers there on its own until the flush grew the count_sync
-// protocol (zero_counts_once_per_launch), then 56, which fits only 4 blocks; the cap keeps 5
-// without a spill. 0 for the other instances: no minimum, ptxas's own choice.
-template <typename T, int L, int N, int V, bool kLean>
-constexpr int softmax_min_blocks() {
-  return std::is_same_v<T, float> && L == 32 && N == 8 && V == 4 && kLean ? 5 : 0;
-}
-
 // kPrefetchL2: a tuning candidate (KC_TUNE=1, ch04/tune_fused_v4_prefetch; docs/notes/ch04.md,
 // Session 8). Each iteration also asks L2 for the row after next, so a warp has two rows on their way
 // from DRAM instead of one; `after` runs without it until it is measured.
@@ -839,7 +763,7 @@ constexpr int softmax_min_blocks() {
 // kSelection: how the selection rounds run (Rounds; all but redux_top2 are tuning candidates).
 template <typename T, int L, int N, int V, bool kPrefetchL2 = false, bool kLean = false,
           Rounds kSelection = Rounds::redux_top2>
-__global__ void __launch_bounds__(kThreads, (softmax_min_blocks<T, L, N, V, kLean>()))
+__global__ void __launch_bounds__(kThreads)
     fused_softmax_topk(const T* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
   start_as_dependent();
   constexpr bool kWinnersInShared = kLean && L == 32;
@@ -973,7 +897,7 @@ __global__ void __launch_bounds__(kThreads, (softmax_min_blocks<T, L, N, V, kLea
     lane_logits += stride.logits;
     out += static_cast<Index>(stride.outputs);
   }
-  flush_histogram(histogram, a.num_experts, a.counts, a.count_sync);
+  flush_histogram(histogram, a.num_experts, a.counts);
 }
 
 // ---------------------------------------------------------------- Version 6: the epilogue of four rows at once
@@ -1127,7 +1051,7 @@ __global__ void __launch_bounds__(kThreads, 5)
       b = 0;
     }
   }
-  flush_histogram(histogram, a.num_experts, a.counts, a.count_sync);
+  flush_histogram(histogram, a.num_experts, a.counts);
 }
 
 struct DeepSeekArgs {
@@ -1135,7 +1059,6 @@ struct DeepSeekArgs {
   float* weights;
   std::int32_t* ids;
   std::int32_t* counts;
-  std::uint32_t* count_sync;  // as SoftmaxArgs
   std::int64_t num_tokens;
   int num_experts;
   int k;
@@ -1225,7 +1148,7 @@ __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
   }
   __syncthreads();
   const float* lane_bias = bias_of + lane * V;  // value j of this lane: lane_bias[(j / V) * L * V + j % V]
-  wait_for_previous_grid();                     // the logits (and, when zero_counts runs, the zeroed counts) are ready
+  wait_for_previous_grid();                     // the logits (and, through zero_counts, the zeroed counts) are ready
 
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * W + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * W;
@@ -1326,7 +1249,7 @@ __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
       if (a.counts != nullptr) atomicAdd(histogram + my_id, 1);
     }
   }
-  flush_histogram(histogram, a.num_experts, a.counts, a.count_sync);
+  flush_histogram(histogram, a.num_experts, a.counts);
 }
 
 // The separate counting kernel: the same histogram, fed from the ids the gating kernel stored.
@@ -1338,7 +1261,7 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     atomicAdd(histogram + ids[i], 1);
   }
-  flush_histogram(histogram, num_experts, counts, nullptr);
+  flush_histogram(histogram, num_experts, counts);
 }
 
 // The separate counting kernels for small launches (up to kSmallCountLimit ids) store the counts
@@ -1727,13 +1650,9 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   const bool early = kLaunching == Launching::early && gpu.sm90_or_later;
   const LaunchOn on{stream, early, early && kernel_counts != nullptr && p.num_experts > kFlushClustersAboveExperts,
                     gpu};
-  // With a count_sync word the gating kernel zeroes its counts itself (zero_counts_once_per_launch);
-  // without one a kernel in front does (or, launched the ordinary way, a memset).
-  std::uint32_t* const count_sync =
-      kernel_counts != nullptr && kLaunching == Launching::early ? out.count_sync : nullptr;
-  if (kernel_counts != nullptr && kLaunching == Launching::early && count_sync == nullptr) {
+  if (kernel_counts != nullptr && kLaunching == Launching::early) {
     launch_kernel(zero_counts, KernelShape{1, kThreads}, stream, on.early, kernel_counts, p.num_experts);
-  } else if (out.counts != nullptr && !count_small && count_sync == nullptr) {
+  } else if (out.counts != nullptr && !count_small) {
     check(cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
   }
 
@@ -1741,14 +1660,17 @@ void gating_after_impl(const GatingParams& p, const T* logits, const float* bias
   constexpr int kVector = 16 / sizeof(T);
   const bool vector = p.num_experts % kVector == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
   if (p.scoring == Scoring::deepseek_v3) {
-    const DeepSeekArgs a{
-        bias, out.weights, out.ids,      kernel_counts,          count_sync, p.num_tokens, p.num_experts,
-        p.k,  p.n_group,   p.topk_group, p.routed_scaling_factor};
+    const DeepSeekArgs a{bias,          out.weights, out.ids,   kernel_counts, p.num_tokens,
+                         p.num_experts, p.k,         p.n_group, p.topk_group,  p.routed_scaling_factor};
     vector ? dispatch_deepseek<T, kVector>(logits, a, on) : dispatch_deepseek<T, 1>(logits, a, on);
   } else {
-    const SoftmaxArgs a{
-        out.weights,  out.ids,       kernel_counts, count_sync,
-        p.num_tokens, p.num_experts, p.k,           p.scoring == Scoring::softmax_then_topk && !p.renormalize};
+    const SoftmaxArgs a{out.weights,
+                        out.ids,
+                        kernel_counts,
+                        p.num_tokens,
+                        p.num_experts,
+                        p.k,
+                        p.scoring == Scoring::softmax_then_topk && !p.renormalize};
     const auto run = [&](auto kernel_constant) {
       constexpr SoftmaxKernel kRun = decltype(kernel_constant)::value;
       vector ? dispatch_softmax<T, kVector, kRun>(logits, a, on) : dispatch_softmax<T, 1, kRun>(logits, a, on);
