@@ -949,10 +949,12 @@ __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&pa
 // whole warp (Version 5's fallback), one row at a time; lane k * b + r takes winner r from lane r.
 // kNextWord: the distance from a winner's word to the next winner's (32 in Version 6's columns, 1 in
 // Version 7's compact table).
+// staged_row: null, or this lane's batch row as staged in shared memory (Version 7 with the batch
+// still in its ring), where the winner's value is read instead of from global memory.
 template <typename T, int N, int V, int kK, int kNextWord = 32>
 __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const SoftmaxArgs& a, int first_row,
                                              int rows_in_batch, int stride_rows, const unsigned* my_winners,
-                                             int* histogram) {
+                                             int* histogram, const float* staged_row = nullptr) {
   constexpr int L = 32;
   constexpr unsigned kIdMask = (1u << id_bits<L, N>()) - 1u;
   constexpr bool kMayShareExactPrefix = sizeof(T) == 4;  // bf16: the prefix is the whole key
@@ -987,7 +989,8 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
     }
   }
   const T* const my_row_logits = logits + static_cast<std::int64_t>(my_row) * a.num_experts;
-  const float value = active ? detail::to_float(my_row_logits[id]) : __int_as_float(0x7FC00000);  // NaN: 0
+  float value = __int_as_float(0x7FC00000);  // NaN: weighs 0
+  if (active) value = staged_row != nullptr ? staged_row[id] : detail::to_float(my_row_logits[id]);
   const float row_max = __shfl_sync(kFullMask, value, lane - rank);  // winner 0: the row's largest
   const float mass = softmax_mass_fast(value, row_max, row_max > -__int_as_float(0x7f800000));
   float total = mass;
@@ -1079,7 +1082,7 @@ __global__ void __launch_bounds__(kThreads, 5)
 // cp.async of 16 bytes, global to shared, around L1 (.cg: the row is read once), and its group
 // operations. `shared` is a 32-bit shared-memory address (__cvta_generic_to_shared).
 __device__ __forceinline__ void copy_16_bytes_async(unsigned shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared), "l"(global) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(shared), "l"(global) : "memory");
 }
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most kPending of this thread's committed groups are still in flight.
@@ -1101,6 +1104,10 @@ __global__ void __launch_bounds__(kThreads, 5)
   constexpr int kWinnerRows = kK + 1;
   static_assert(kK * kBatchRows == 32, "the epilogue gives each lane one winner of one row");
   static_assert(kStages >= 2, "one slot being read and at least one being filled");
+  // Probe: 5 slots keep a whole batch (4 rows) plus one row ahead, so the epilogue reads the
+  // winners' values from the ring; fewer slots keep kStages - 1 rows ahead.
+  constexpr bool kBatchInRing = kStages == kBatchRows + 1;
+  constexpr int kAhead = kBatchInRing ? 1 : kStages - 1;
   __shared__ int histogram[kMaxExperts];
   __shared__ unsigned winners_table[kWarpsPerBlock][kBatchRows * kWinnerRows];  // 36 words a warp
   __shared__ alignas(16) float ring[kWarpsPerBlock][kStages][kStagedRowBytes / 4];
@@ -1135,20 +1142,21 @@ __global__ void __launch_bounds__(kThreads, 5)
   // The prologue: rows warp, warp + stride, ... into slots 0 .. kStages - 2.
   const float* ahead = logits + static_cast<std::int64_t>(warp) * a.num_experts + lane_first;
 #pragma unroll
-  for (int s = 0; s + 1 < kStages; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     stage_row(ahead, warp + s * stride_rows < tokens, ring_lane + s * kSlotBytes);
     ahead += stride.logits;
   }
-  int reading = 0;            // the slot of the row being selected
-  int filling = kStages - 1;  // the slot the next copy fills (the row kStages - 1 ahead)
-  int b = 0;                  // the row's place in its batch
+  int reading = 0;       // the slot of the row being selected
+  int filling = kAhead;  // the slot the next copy fills (the row kAhead ahead)
+  int b = 0;             // the row's place in its batch
+  int batch_slot = 0;    // the slot of the batch's first row
   for (int row = warp; row < tokens; row += stride_rows) {
     __syncwarp();  // converged; and the table's reads by the last batch are done before its rewrite
     // The slot `filling` held the row before this one, which every lane of the warp has read (its
     // keys are made): refill it first, so that kStages - 1 rows are in flight while this one waits.
-    stage_row(ahead, row + (kStages - 1) * stride_rows < tokens, ring_lane + filling * kSlotBytes);
+    stage_row(ahead, row + kAhead * stride_rows < tokens, ring_lane + filling * kSlotBytes);
     ahead += stride.logits;
-    wait_for_copies<kStages - 1>();  // this row's group has landed (this lane's copies)
+    wait_for_copies<kAhead>();  // this row's group has landed (this lane's copies)
     float x[N] = {};
     const float* slot = &ring[warp_in_block][reading][lane_first];
 #pragma unroll
@@ -1170,9 +1178,16 @@ __global__ void __launch_bounds__(kThreads, 5)
     }
     const bool more = row + stride_rows < tokens;  // warp-uniform
     select_top_k_packed_unrolled<N, kK, 1>(packed, table + b * kWinnerRows, lane == 0);
+    if (b == 0) batch_slot = reading == 0 ? kStages - 1 : reading - 1;  // (reading has moved on)
     if (++b == kBatchRows || !more) {
-      __syncwarp();  // lane 0's winners are visible to the lanes that finish them
-      finish_batch<float, N, V, kK, 1>(logits, a, row - (b - 1) * stride_rows, b, stride_rows, my_winners, histogram);
+      __syncwarp();  // lane 0's winners (and every lane's staged rows) are visible to the whole warp
+      const float* staged_row = nullptr;
+      if constexpr (kBatchInRing) {
+        const int slot = (batch_slot + lane / kK) % kStages;
+        staged_row = &ring[warp_in_block][slot][0];
+      }
+      finish_batch<float, N, V, kK, 1>(logits, a, row - (b - 1) * stride_rows, b, stride_rows, my_winners, histogram,
+                                       staged_row);
       b = 0;
     }
   }
