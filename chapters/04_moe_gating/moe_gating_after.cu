@@ -949,12 +949,10 @@ __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&pa
 // whole warp (Version 5's fallback), one row at a time; lane k * b + r takes winner r from lane r.
 // kNextWord: the distance from a winner's word to the next winner's (32 in Version 6's columns, 1 in
 // Version 7's compact table).
-// staged_row: null, or this lane's batch row as staged in shared memory (Version 7 with the batch
-// still in its ring), where the winner's value is read instead of from global memory.
 template <typename T, int N, int V, int kK, int kNextWord = 32>
 __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const SoftmaxArgs& a, int first_row,
                                              int rows_in_batch, int stride_rows, const unsigned* my_winners,
-                                             int* histogram, const float* staged_row = nullptr) {
+                                             int* histogram) {
   constexpr int L = 32;
   constexpr unsigned kIdMask = (1u << id_bits<L, N>()) - 1u;
   constexpr bool kMayShareExactPrefix = sizeof(T) == 4;  // bf16: the prefix is the whole key
@@ -989,8 +987,7 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
     }
   }
   const T* const my_row_logits = logits + static_cast<std::int64_t>(my_row) * a.num_experts;
-  float value = __int_as_float(0x7FC00000);  // NaN: weighs 0
-  if (active) value = staged_row != nullptr ? staged_row[id] : detail::to_float(my_row_logits[id]);
+  const float value = active ? detail::to_float(my_row_logits[id]) : __int_as_float(0x7FC00000);  // NaN: 0
   const float row_max = __shfl_sync(kFullMask, value, lane - rank);  // winner 0: the row's largest
   const float mass = softmax_mass_fast(value, row_max, row_max > -__int_as_float(0x7f800000));
   float total = mass;
@@ -1065,22 +1062,23 @@ __global__ void __launch_bounds__(kThreads, 5)
 // ---------------------------------------------------------------- Version 7: rows staged in shared memory
 //
 // Version 6 keeps one row in flight a warp: the loads of the next row go out, into registers,
-// before the current row's rounds. At 40 warps an SM that is at most 40 KB in flight an SM, and
-// less on average, since a row's loads are in flight only until they land; by Little's law
-// (bytes in flight = bandwidth x latency) the copy's 3.6 TB/s at a loaded latency near 1.5 us
-// needs about 40 KB an SM all the time. More rows ahead in registers do not fit: Version 6 is at 48
-// registers for 5 blocks an SM, and a second row is 8 more.
+// before the current row's rounds. Nsight Compute puts 2.1 of its 11 stall cycles an instruction
+// on those loads (long scoreboard), and more rows ahead in registers do not fit: Version 6 is at 48
+// registers for 5 blocks an SM, and a row is 8 more.
 //
 // Shared memory is the free resource. Each warp keeps a ring of kStages row slots (1 KB each at
 // E = 256, fp32) and copies rows into it with cp.async, kStages - 1 rows ahead of the row it
 // selects on. cp.async writes shared memory without passing through registers, so rows in flight
 // cost no registers, and each lane copies and later reads only its own two 16-byte vectors: the
-// per-thread wait (cp.async.wait_group) is all the ordering needed, no barrier. The winners table
-// becomes compact to make room: one word a round (lane 0 stores it) instead of one a lane, 36
-// words a warp instead of 1152, and a __syncwarp before the batch's epilogue reads it.
+// per-thread wait (cp.async.wait_group) is all the ordering the ring needs.
+//
+// The winners table becomes compact to make room: one word a round, stored by lane 0, instead of
+// one a lane (36 words a warp instead of 1152). Other lanes read lane 0's words, so a barrier of
+// the warp (sync_this_warp) comes before the batch's epilogue.
 
-// cp.async of 16 bytes, global to shared, around L1 (.cg: the row is read once), and its group
-// operations. `shared` is a 32-bit shared-memory address (__cvta_generic_to_shared).
+// cp.async of 16 bytes, global to shared, and its group operations. `shared` is a 32-bit
+// shared-memory address (__cvta_generic_to_shared). .ca: the line stays in L1, where the epilogue
+// finds its winners' logits again.
 __device__ __forceinline__ void copy_16_bytes_async(unsigned shared, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(shared), "l"(global) : "memory");
 }
@@ -1091,7 +1089,15 @@ __device__ __forceinline__ void wait_for_copies() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-constexpr int kStagedRowBytes = 32 * 8 * 4;  // a row of up to 256 fp32 logits (L = 32, N = 8)
+// The warp's own named barrier (bar.sync with 32 threads; barrier 0 is __syncthreads'): the same
+// ordering as __syncwarp, but ptxas treats it as a barrier, not a point where the warp may have
+// diverged. A __syncwarp inside the `if` that ends a batch made ptxas put a divergence test
+// (BRA.DIV) before every round's redux.sync and vote (13 a row).
+__device__ __forceinline__ void sync_this_warp(int warp_in_block) {
+  asm volatile("bar.sync %0, 32;" ::"r"(1 + warp_in_block) : "memory");
+}
+
+constexpr int kStagedRowFloats = 32 * 8;  // a row of up to 256 fp32 logits (L = 32, N = 8)
 
 // Version 7: Version 6 (fp32, L = 32, N = 8, V = 4, k = kK, renormalised or top-k-then-softmax
 // weights, 32-bit rows) with its rows staged through a kStages-slot ring in shared memory.
@@ -1102,15 +1108,12 @@ __global__ void __launch_bounds__(kThreads, 5)
   constexpr int L = 32, N = 8, V = 4;
   constexpr int kIdBits = id_bits<L, N>();
   constexpr int kWinnerRows = kK + 1;
+  constexpr int kAhead = kStages - 1;
   static_assert(kK * kBatchRows == 32, "the epilogue gives each lane one winner of one row");
   static_assert(kStages >= 2, "one slot being read and at least one being filled");
-  // Probe: 5 slots keep a whole batch (4 rows) plus one row ahead, so the epilogue reads the
-  // winners' values from the ring; fewer slots keep kStages - 1 rows ahead.
-  constexpr bool kBatchInRing = kStages == kBatchRows + 1;
-  constexpr int kAhead = kBatchInRing ? 1 : kStages - 1;
   __shared__ int histogram[kMaxExperts];
-  __shared__ unsigned winners_table[kWarpsPerBlock][kBatchRows * kWinnerRows];  // 36 words a warp
-  __shared__ alignas(16) float ring[kWarpsPerBlock][kStages][kStagedRowBytes / 4];
+  __shared__ unsigned winners_table[kWarpsPerBlock][kBatchRows * kWinnerRows];
+  __shared__ alignas(16) float ring[kWarpsPerBlock][kStages][kStagedRowFloats];
   clear_histogram(histogram, a.num_experts);
 
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -1121,14 +1124,23 @@ __global__ void __launch_bounds__(kThreads, 5)
   const int warp = static_cast<int>(blockIdx.x) * kWarpsPerBlock + warp_in_block;
   const bool lane_has_padding = expert_of<L, V>(N - V, lane) >= a.num_experts;
   unsigned* const table = winners_table[warp_in_block];
-  const unsigned* const my_winners = table + (lane / kK) * kWinnerRows + lane % kK;
+  const int my_word = (lane / kK) * kWinnerRows + lane % kK;  // winner `rank` of batch row `batch_row`
   // The lane's two vectors in a slot sit where they sit in the row (vector c at c * L * V + lane *
-  // V): a warp's 16-byte reads of one vector are 512 consecutive bytes, no bank conflict.
-  const unsigned ring_lane = static_cast<unsigned>(__cvta_generic_to_shared(&ring[warp_in_block][0][lane_first]));
-  constexpr unsigned kSlotBytes = kStagedRowBytes;
+  // V): a warp's 16-byte reads of one vector are 512 consecutive bytes, no bank conflict. Padding
+  // vectors are never copied; their keys are fixed (fix_packed_keys) whatever the slot holds, and
+  // the slots start at zero so that nothing reads uninitialised memory.
+  float* const lane_slots = &ring[warp_in_block][0][lane_first];
+  for (int s = 0; s < kStages; ++s) {
+#pragma unroll
+    for (int c = 0; c < N / V; ++c) {
+      *reinterpret_cast<float4*>(lane_slots + s * kStagedRowFloats + c * L * V) = make_float4(0, 0, 0, 0);
+    }
+  }
+  const auto ring_lane = static_cast<unsigned>(__cvta_generic_to_shared(lane_slots));
+  constexpr unsigned kSlotBytes = kStagedRowFloats * 4;
 
   // Copies one row's vectors (those inside the row) into a slot and commits them as one group; a
-  // row past the end commits an empty group, so that "kStages - 1 groups ahead" always holds.
+  // row past the end commits an empty group, so that "kAhead groups ahead" always holds.
   const auto stage_row = [&](const float* lane_row, bool row_exists, unsigned slot_address) {
 #pragma unroll
     for (int c = 0; c < N / V; ++c) {
@@ -1139,7 +1151,7 @@ __global__ void __launch_bounds__(kThreads, 5)
     commit_copies();
   };
 
-  // The prologue: rows warp, warp + stride, ... into slots 0 .. kStages - 2.
+  // The prologue: the warp's first kAhead rows into slots 0 .. kAhead - 1.
   const float* ahead = logits + static_cast<std::int64_t>(warp) * a.num_experts + lane_first;
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
@@ -1147,27 +1159,24 @@ __global__ void __launch_bounds__(kThreads, 5)
     ahead += stride.logits;
   }
   int reading = 0;       // the slot of the row being selected
-  int filling = kAhead;  // the slot the next copy fills (the row kAhead ahead)
+  int filling = kAhead;  // the slot the next copy fills
   int b = 0;             // the row's place in its batch
-  int batch_slot = 0;    // the slot of the batch's first row
   for (int row = warp; row < tokens; row += stride_rows) {
-    __syncwarp();  // converged; and the table's reads by the last batch are done before its rewrite
-    // The slot `filling` held the row before this one, which every lane of the warp has read (its
-    // keys are made): refill it first, so that kStages - 1 rows are in flight while this one waits.
+    __syncwarp();  // converged; and the last batch's reads of the table are done before its rewrite
+    // The slot `filling` held the row before this one, whose keys every lane has made from it
+    // (each lane read only its own vectors): refill it first, so kAhead rows are in flight.
     stage_row(ahead, row + kAhead * stride_rows < tokens, ring_lane + filling * kSlotBytes);
     ahead += stride.logits;
     wait_for_copies<kAhead>();  // this row's group has landed (this lane's copies)
-    float x[N] = {};
-    const float* slot = &ring[warp_in_block][reading][lane_first];
+    float x[N];
+    const float* slot = lane_slots + reading * kStagedRowFloats;
 #pragma unroll
     for (int c = 0; c < N / V; ++c) {
-      if (expert_of<L, V>(c * V, lane) < a.num_experts) {
-        const float4 v = *reinterpret_cast<const float4*>(slot + c * L * V);
-        x[c * V + 0] = v.x;
-        x[c * V + 1] = v.y;
-        x[c * V + 2] = v.z;
-        x[c * V + 3] = v.w;
-      }
+      const float4 v = *reinterpret_cast<const float4*>(slot + c * L * V);
+      x[c * V + 0] = v.x;
+      x[c * V + 1] = v.y;
+      x[c * V + 2] = v.z;
+      x[c * V + 3] = v.w;
     }
     reading = reading + 1 == kStages ? 0 : reading + 1;
     filling = filling + 1 == kStages ? 0 : filling + 1;
@@ -1176,18 +1185,12 @@ __global__ void __launch_bounds__(kThreads, 5)
     if (__any_sync(kFullMask, lane_has_padding || may_hold_nan)) {
       fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
     }
-    const bool more = row + stride_rows < tokens;  // warp-uniform
     select_top_k_packed_unrolled<N, kK, 1>(packed, table + b * kWinnerRows, lane == 0);
-    if (b == 0) batch_slot = reading == 0 ? kStages - 1 : reading - 1;  // (reading has moved on)
+    const bool more = row + stride_rows < tokens;  // warp-uniform
     if (++b == kBatchRows || !more) {
-      __syncwarp();  // lane 0's winners (and every lane's staged rows) are visible to the whole warp
-      const float* staged_row = nullptr;
-      if constexpr (kBatchInRing) {
-        const int slot = (batch_slot + lane / kK) % kStages;
-        staged_row = &ring[warp_in_block][slot][0];
-      }
-      finish_batch<float, N, V, kK, 1>(logits, a, row - (b - 1) * stride_rows, b, stride_rows, my_winners, histogram,
-                                       staged_row);
+      sync_this_warp(warp_in_block);  // lane 0's winners are visible to every lane
+      finish_batch<float, N, V, kK, 1>(logits, a, row - (b - 1) * stride_rows, b, stride_rows, table + my_word,
+                                       histogram);
       b = 0;
     }
   }
