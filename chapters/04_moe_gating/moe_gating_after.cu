@@ -1073,8 +1073,9 @@ __global__ void __launch_bounds__(kThreads, 5)
 // per-thread wait (cp.async.wait_group) is all the ordering the ring needs.
 //
 // The winners table becomes compact to make room: one word a round, stored by lane 0, instead of
-// one a lane (36 words a warp instead of 1152). Other lanes read lane 0's words, so a barrier of
-// the warp (sync_this_warp) comes before the batch's epilogue.
+// one a lane (72 words a warp, two batches' worth, instead of 1152). Other lanes read lane 0's
+// words, so a __syncwarp must come between a batch's rounds and its epilogue: the epilogue runs
+// one batch late, after the next loop-top __syncwarp, and the table has two halves.
 
 // cp.async of 16 bytes, global to shared, and its group operations. `shared` is a 32-bit
 // shared-memory address (__cvta_generic_to_shared). .ca: the line stays in L1, where the epilogue
@@ -1087,14 +1088,6 @@ __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_
 template <int kPending>
 __device__ __forceinline__ void wait_for_copies() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
-// The warp's own named barrier (bar.sync with 32 threads; barrier 0 is __syncthreads'): the same
-// ordering as __syncwarp, but ptxas treats it as a barrier, not a point where the warp may have
-// diverged. A __syncwarp inside the `if` that ends a batch made ptxas put a divergence test
-// (BRA.DIV) before every round's redux.sync and vote (13 a row).
-__device__ __forceinline__ void sync_this_warp(int warp_in_block) {
-  asm volatile("bar.sync %0, 32;" ::"r"(1 + warp_in_block) : "memory");
 }
 
 constexpr int kStagedRowFloats = 32 * 8;  // a row of up to 256 fp32 logits (L = 32, N = 8)
@@ -1112,7 +1105,8 @@ __global__ void __launch_bounds__(kThreads, 5)
   static_assert(kK * kBatchRows == 32, "the epilogue gives each lane one winner of one row");
   static_assert(kStages >= 2, "one slot being read and at least one being filled");
   __shared__ int histogram[kMaxExperts];
-  __shared__ unsigned winners_table[kWarpsPerBlock][kBatchRows * kWinnerRows];
+  constexpr int kTableHalf = kBatchRows * kWinnerRows;  // one batch's words
+  __shared__ unsigned winners_table[kWarpsPerBlock][2 * kTableHalf];
   __shared__ alignas(16) float ring[kWarpsPerBlock][kStages][kStagedRowFloats];
   clear_histogram(histogram, a.num_experts);
 
@@ -1161,8 +1155,13 @@ __global__ void __launch_bounds__(kThreads, 5)
   int reading = 0;       // the slot of the row being selected
   int filling = kAhead;  // the slot the next copy fills
   int b = 0;             // the row's place in its batch
+  int half = 0;          // the table half this batch fills
+  // The batch waiting for its epilogue (one batch behind): its first row and its rows (0: none).
+  int pending_first = 0, pending_rows = 0;
   for (int row = warp; row < tokens; row += stride_rows) {
-    __syncwarp();  // converged; and the last batch's reads of the table are done before its rewrite
+    // Converged; lane 0's table stores of every earlier row are visible to every lane, and every
+    // lane's reads of the half about to be refilled (two batches ago) are done.
+    __syncwarp();
     // The slot `filling` held the row before this one, whose keys every lane has made from it
     // (each lane read only its own vectors): refill it first, so kAhead rows are in flight.
     stage_row(ahead, row + kAhead * stride_rows < tokens, ring_lane + filling * kSlotBytes);
@@ -1185,14 +1184,30 @@ __global__ void __launch_bounds__(kThreads, 5)
     if (__any_sync(kFullMask, lane_has_padding || may_hold_nan)) {
       fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
     }
-    select_top_k_packed_unrolled<N, kK, 1>(packed, table + b * kWinnerRows, lane == 0);
+    select_top_k_packed_unrolled<N, kK, 1>(packed, table + half * kTableHalf + b * kWinnerRows, lane == 0);
     const bool more = row + stride_rows < tokens;  // warp-uniform
     if (++b == kBatchRows || !more) {
-      sync_this_warp(warp_in_block);  // lane 0's winners are visible to every lane
-      finish_batch<float, N, V, kK, 1>(logits, a, row - (b - 1) * stride_rows, b, stride_rows, table + my_word,
-                                       histogram);
+      // This batch is complete, but lane 0's stores of its last row are not yet ordered before the
+      // other lanes' reads; the batch before it is (a loop-top __syncwarp lies between). So the
+      // epilogue runs one batch behind: that batch's now, this one's a batch later or after the
+      // loop.
+      if (pending_rows > 0) {
+        finish_batch<float, N, V, kK, 1>(logits, a, pending_first, pending_rows, stride_rows,
+                                         table + (half ^ 1) * kTableHalf + my_word, histogram);
+      }
+      pending_first = row - (b - 1) * stride_rows;
+      pending_rows = b;
       b = 0;
+      half ^= 1;
     }
+  }
+  // The warp's last batch. A __syncwarp here made ptxas unsure that the warp is converged inside
+  // the loop (a divergence test, BRA.DIV, before every round's redux.sync); the block's barrier
+  // orders lane 0's stores before the other lanes' reads as well, and every thread reaches it.
+  __syncthreads();
+  if (pending_rows > 0) {
+    finish_batch<float, N, V, kK, 1>(logits, a, pending_first, pending_rows, stride_rows,
+                                     table + (half ^ 1) * kTableHalf + my_word, histogram);
   }
   wait_for_copies<0>();  // no copy is left writing into a block that has ended
   flush_histogram(histogram, a.num_experts, a.counts);
