@@ -77,12 +77,7 @@ enum class Variant {
   fused_v5,
   fused_v5_shuffle_max,
   fused_v5_ordinary,
-  fused_v5_ordinary_no_counts,
-  fused_v7_slots2,  // Version 7: rows staged in shared memory, 2 to 5 slots a warp
-  fused_v7_slots3,
-  fused_v7_slots4,
-  fused_v7_slots5,
-  fused_v7_slots4_no_counts,
+  fused_v5_ordinary_no_counts
 };
 
 // How a batch of launches is timed (the file's header says why the graph).
@@ -233,14 +228,6 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::fused_v5_shuffle_max:
         kc::ch04::tune::gating_after_v5_shuffle_max(p, set_logits, out, stream);
         break;
-      case Variant::fused_v7_slots2: kc::ch04::tune::gating_after_v7(p, set_logits, out, 2, stream); break;
-      case Variant::fused_v7_slots3: kc::ch04::tune::gating_after_v7(p, set_logits, out, 3, stream); break;
-      case Variant::fused_v7_slots4: kc::ch04::tune::gating_after_v7(p, set_logits, out, 4, stream); break;
-      case Variant::fused_v7_slots5: kc::ch04::tune::gating_after_v7(p, set_logits, out, 5, stream); break;
-      case Variant::fused_v7_slots4_no_counts:
-        kc::ch04::tune::gating_after_v7(p, set_logits, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr}, 4,
-                                        stream);
-        break;
       case Variant::limit:
         copy_bytes<<<copy_blocks, 256, 0, stream>>>(copy_src.data() + s * copy_stride,
                                                     copy_dst.data() + s * copy_stride, copy_n);
@@ -365,11 +352,6 @@ void register_tuning(const kc::DeviceInfo& device) {
                     {"tune_fused_v5_ordinary", Variant::fused_v5_ordinary, Timing::graph},
                     {"tune_fused_v6_no_counts", Variant::after_no_counts, Timing::graph},
                     {"tune_fused_v5_ordinary_no_counts", Variant::fused_v5_ordinary_no_counts, Timing::graph},
-                    {"tune_fused_v7_slots2", Variant::fused_v7_slots2, Timing::graph},
-                    {"tune_fused_v7_slots3", Variant::fused_v7_slots3, Timing::graph},
-                    {"tune_fused_v7_slots4", Variant::fused_v7_slots4, Timing::graph},
-                    {"tune_fused_v7_slots5", Variant::fused_v7_slots5, Timing::graph},
-                    {"tune_fused_v7_slots4_no_counts", Variant::fused_v7_slots4_no_counts, Timing::graph},
                     {"tune_limit", Variant::limit, Timing::graph},
                     {"tune_limit_memcpy", Variant::limit_memcpy, Timing::graph},
                     {"tune_fused_v6_stream_timed", Variant::after_fused, Timing::stream},

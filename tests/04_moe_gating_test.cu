@@ -146,10 +146,6 @@ TEST(MoeGatingArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
     expect_invalid_argument([&] { tuning(dsv3, &x, host_out, nullptr); },
                             "scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
   }
-  expect_invalid_argument([&] { kc::ch04::tune::gating_after_v7(dsv3, &x, host_out, 4); },
-                          "scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
-  expect_invalid_argument([&] { kc::ch04::tune::gating_after_v7(softmax_params(4, 256, 8), &x, host_out, 6); },
-                          "slots (6) must be 2, 3, 4 or 5");
   EXPECT_EQ(kc::ch04::gating_before_workspace_bytes(softmax_params(0, 8, 2)), 0u);
 }
 
@@ -314,23 +310,8 @@ enum class Path {
   tune_v4,
   tune_v5_shuffle_max,
   tune_v5_ordinary,
-  tune_v5,
-  tune_v7_slots2,  // Version 7: rows staged in shared memory, 2 to 5 slots a warp
-  tune_v7_slots3,
-  tune_v7_slots4,
-  tune_v7_slots5
+  tune_v5
 };
-constexpr Path kVersion7Paths[] = {Path::tune_v7_slots2, Path::tune_v7_slots3, Path::tune_v7_slots4,
-                                   Path::tune_v7_slots5};
-int version7_slots(Path p) {
-  switch (p) {
-    case Path::tune_v7_slots2: return 2;
-    case Path::tune_v7_slots3: return 3;
-    case Path::tune_v7_slots4: return 4;
-    case Path::tune_v7_slots5: return 5;
-    default: return 0;
-  }
-}
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
@@ -343,10 +324,6 @@ const char* path_name(Path p) {
     case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
     case Path::tune_v5_ordinary: return "tune_v5_ordinary";
     case Path::tune_v5: return "tune_v5";
-    case Path::tune_v7_slots2: return "tune_v7_slots2";
-    case Path::tune_v7_slots3: return "tune_v7_slots3";
-    case Path::tune_v7_slots4: return "tune_v7_slots4";
-    case Path::tune_v7_slots5: return "tune_v7_slots5";
   }
   return "unknown";
 }
@@ -357,11 +334,9 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
   } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
-             path == Path::tune_v5_ordinary || path == Path::tune_v5 || version7_slots(path) > 0) {
+             path == Path::tune_v5_ordinary || path == Path::tune_v5) {
     if constexpr (std::is_same_v<T, float>) {
-      if (version7_slots(path) > 0) {
-        kc::ch04::tune::gating_after_v7(p, logits, out, version7_slots(path), stream);
-      } else if (path == Path::tune_v5) {
+      if (path == Path::tune_v5) {
         kc::ch04::tune::gating_after_v5(p, logits, out, stream);
       } else if (path == Path::tune_prefetch_l2) {
         kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
@@ -498,7 +473,6 @@ TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
         check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5_ordinary, softmax_params(t, e, k, true), logits);
         check_case(Path::tune_v5, softmax_params(t, e, k, true), logits);
-        for (Path path : kVersion7Paths) check_case(path, softmax_params(t, e, k, true), logits);
       }
     }
   }
@@ -548,8 +522,7 @@ TEST_F(MoeGatingGpu, BatchedEpilogueRedoesAnyRowOfTheBatch) {
   for (int e : {160, 256, 512}) {
     const auto logits = grid_logits(static_cast<std::size_t>(t * e), seed + e);
     if (e <= 256) {
-      for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v5, Path::tune_v7_slots2,
-                        Path::tune_v7_slots3, Path::tune_v7_slots4, Path::tune_v7_slots5}) {
+      for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v5}) {
         check_case(path, softmax_params(t, e, 8, true), logits);
         GatingParams p = softmax_params(t, e, 8);
         p.scoring = Scoring::topk_then_softmax;
@@ -595,7 +568,7 @@ TEST_F(MoeGatingGpu, BatchedEpilogueFollowsTheNanPolicy) {
         row[rng() % static_cast<unsigned>(e)] = 0.0f;
       }
     }
-    for (Path path : {Path::after_fused, Path::tune_v5, Path::tune_v7_slots2, Path::tune_v7_slots4}) {
+    for (Path path : {Path::after_fused, Path::tune_v5}) {
       check_case(path, softmax_params(t, e, 8, true), logits);
       GatingParams p = softmax_params(t, e, 8);
       p.scoring = Scoring::topk_then_softmax;
@@ -827,8 +800,8 @@ TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
       kc::test::expect_bitwise_repeatable(run);
     }
   }
-  // Past one grid of rows: Version 6 (four rows' epilogue at once), and Version 7.
-  for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v7_slots4}) {
+  // Past one grid of rows: Version 6 (four rows' epilogue at once).
+  for (Path path : {Path::after_fused, Path::after_no_counts}) {
     SCOPED_TRACE(std::string(path_name(path)) + " E=256, past one grid");
     const GatingParams p = softmax_params(11003, 256, 8, true);
     kc::DeviceBuffer<float> logits(grid_logits(static_cast<std::size_t>(p.num_tokens) * 256, seed + 1));

@@ -217,18 +217,6 @@ void gating_after_v5_ordinary(const GatingParams& params, const float* logits, c
 void gating_after_v5(const GatingParams& params, const float* logits, const GatingOutputs& out,
                      cudaStream_t stream = nullptr);
 
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after_v5()'s rules, through Version 7
-/// where Version 6 would run (Version 5 elsewhere): Version 6 with each warp's rows copied ahead
-/// into a ring of @p slots rows in shared memory by cp.async. Outputs equal gating_after()'s bit
-/// for bit. Throws kc::InvalidArgument as gating_after_v5() does, or when @p slots is not 2 to 5.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param slots row slots a warp (rows in flight: slots - 1)
-/// @param stream the stream to enqueue on
-void gating_after_v7(const GatingParams& params, const float* logits, const GatingOutputs& out, int slots,
-                     cudaStream_t stream = nullptr);
-
 }  // namespace tune
 
 /// True when Version 5 of the fused softmax kernel can run @p params: it counts rows and output

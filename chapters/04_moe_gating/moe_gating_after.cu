@@ -926,17 +926,14 @@ constexpr int kBatchRows = 32 / kFixedK;
 // stores its winner to row r of the lane's column (`column[r * 32]`: a constant offset); every lane
 // stores the same value to its own column, so a later read of the lane's own column needs no
 // barrier (as Version 5).
-// kStride is the distance between rounds' words (32: Version 6's one column a lane; 1: Version 7's
-// compact table, where only the lane with `store` set writes).
-template <int N, int kK, int kStride = 32>
-__device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&packed)[N], unsigned* column,
-                                                             bool store = true) {
+template <int N, int kK>
+__device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&packed)[N], unsigned* column) {
   unsigned c1, c2;
   top2_packed<0, N>(packed, c1, c2);
 #pragma unroll
   for (int r = 0; r <= kK; ++r) {
     const unsigned best = __reduce_max_sync(kFullMask, c1);
-    if (store) column[r * kStride] = best;
+    column[r * 32] = best;
     if (r == kK) break;
     advance_after_round(packed, best, c1, c2);
   }
@@ -947,9 +944,7 @@ __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&pa
 // (`my_winners`). `first_row` is the batch's first row; its rows are
 // `stride_rows` apart. Rows whose consecutive winners share a prefix are redone exactly, by the
 // whole warp (Version 5's fallback), one row at a time; lane k * b + r takes winner r from lane r.
-// kNextWord: the distance from a winner's word to the next winner's (32 in Version 6's columns, 1 in
-// Version 7's compact table).
-template <typename T, int N, int V, int kK, int kNextWord = 32>
+template <typename T, int N, int V, int kK>
 __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const SoftmaxArgs& a, int first_row,
                                              int rows_in_batch, int stride_rows, const unsigned* my_winners,
                                              int* histogram) {
@@ -965,7 +960,7 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
   bool shared_prefix = false;
   if (active) {
     const unsigned mine = my_winners[0];
-    const unsigned next = my_winners[kNextWord];  // the (k+1)-th for r = k - 1
+    const unsigned next = my_winners[32];  // the (k+1)-th for r = k - 1
     id = static_cast<int>(~mine & kIdMask);
     shared_prefix = (mine ^ next) <= kIdMask;
   }
@@ -1056,160 +1051,6 @@ __global__ void __launch_bounds__(kThreads, 5)
       b = 0;
     }
   }
-  flush_histogram(histogram, a.num_experts, a.counts);
-}
-
-// ---------------------------------------------------------------- Version 7: rows staged in shared memory
-//
-// Version 6 keeps one row in flight a warp: the loads of the next row go out, into registers,
-// before the current row's rounds. Nsight Compute puts 2.1 of its 11 stall cycles an instruction
-// on those loads (long scoreboard), and more rows ahead in registers do not fit: Version 6 is at 48
-// registers for 5 blocks an SM, and a row is 8 more.
-//
-// Shared memory is the free resource. Each warp keeps a ring of kStages row slots (1 KB each at
-// E = 256, fp32) and copies rows into it with cp.async, kStages - 1 rows ahead of the row it
-// selects on. cp.async writes shared memory without passing through registers, so rows in flight
-// cost no registers, and each lane copies and later reads only its own two 16-byte vectors: the
-// per-thread wait (cp.async.wait_group) is all the ordering the ring needs.
-//
-// The winners table becomes compact to make room: one word a round, stored by lane 0, instead of
-// one a lane (72 words a warp, two batches' worth, instead of 1152). Other lanes read lane 0's
-// words, so a __syncwarp must come between a batch's rounds and its epilogue: the epilogue runs
-// one batch late, after the next loop-top __syncwarp, and the table has two halves.
-
-// cp.async of 16 bytes, global to shared, and its group operations. `shared` is a 32-bit
-// shared-memory address (__cvta_generic_to_shared). .ca: the line stays in L1, where the epilogue
-// finds its winners' logits again.
-__device__ __forceinline__ void copy_16_bytes_async(unsigned shared, const void* global) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(shared), "l"(global) : "memory");
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void wait_for_copies() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
-constexpr int kStagedRowFloats = 32 * 8;  // a row of up to 256 fp32 logits (L = 32, N = 8)
-
-// Version 7: Version 6 (fp32, L = 32, N = 8, V = 4, k = kK, renormalised or top-k-then-softmax
-// weights, 32-bit rows) with its rows staged through a kStages-slot ring in shared memory.
-template <int kK, int kStages>
-__global__ void __launch_bounds__(kThreads, 5)
-    fused_softmax_topk_staged(const float* __restrict__ logits, SoftmaxArgs a, GridStride stride) {
-  start_as_dependent();
-  constexpr int L = 32, N = 8, V = 4;
-  constexpr int kIdBits = id_bits<L, N>();
-  constexpr int kWinnerRows = kK + 1;
-  constexpr int kAhead = kStages - 1;
-  static_assert(kK * kBatchRows == 32, "the epilogue gives each lane one winner of one row");
-  static_assert(kStages >= 2, "one slot being read and at least one being filled");
-  __shared__ int histogram[kMaxExperts];
-  constexpr int kTableHalf = kBatchRows * kWinnerRows;  // one batch's words
-  __shared__ unsigned winners_table[kWarpsPerBlock][2 * kTableHalf];
-  __shared__ alignas(16) float ring[kWarpsPerBlock][kStages][kStagedRowFloats];
-  clear_histogram(histogram, a.num_experts);
-
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int warp_in_block = static_cast<int>(threadIdx.x / 32);
-  const int lane_first = expert_of<L, V>(0, lane);
-  const int tokens = static_cast<int>(a.num_tokens);
-  const int stride_rows = static_cast<int>(stride.rows);
-  const int warp = static_cast<int>(blockIdx.x) * kWarpsPerBlock + warp_in_block;
-  const bool lane_has_padding = expert_of<L, V>(N - V, lane) >= a.num_experts;
-  unsigned* const table = winners_table[warp_in_block];
-  const int my_word = (lane / kK) * kWinnerRows + lane % kK;  // winner `rank` of batch row `batch_row`
-  // The lane's two vectors in a slot sit where they sit in the row (vector c at c * L * V + lane *
-  // V): a warp's 16-byte reads of one vector are 512 consecutive bytes, no bank conflict. Padding
-  // vectors are never copied; their keys are fixed (fix_packed_keys) whatever the slot holds, and
-  // the slots start at zero so that nothing reads uninitialised memory.
-  float* const lane_slots = &ring[warp_in_block][0][lane_first];
-  for (int s = 0; s < kStages; ++s) {
-#pragma unroll
-    for (int c = 0; c < N / V; ++c) {
-      *reinterpret_cast<float4*>(lane_slots + s * kStagedRowFloats + c * L * V) = make_float4(0, 0, 0, 0);
-    }
-  }
-  const auto ring_lane = static_cast<unsigned>(__cvta_generic_to_shared(lane_slots));
-  constexpr unsigned kSlotBytes = kStagedRowFloats * 4;
-
-  // Copies one row's vectors (those inside the row) into a slot and commits them as one group; a
-  // row past the end commits an empty group, so that "kAhead groups ahead" always holds.
-  const auto stage_row = [&](const float* lane_row, bool row_exists, unsigned slot_address) {
-#pragma unroll
-    for (int c = 0; c < N / V; ++c) {
-      if (row_exists && expert_of<L, V>(c * V, lane) < a.num_experts) {
-        copy_16_bytes_async(slot_address + c * L * V * 4, lane_row + c * L * V);
-      }
-    }
-    commit_copies();
-  };
-
-  // The prologue: the warp's first kAhead rows into slots 0 .. kAhead - 1.
-  const float* ahead = logits + static_cast<std::int64_t>(warp) * a.num_experts + lane_first;
-#pragma unroll
-  for (int s = 0; s < kAhead; ++s) {
-    stage_row(ahead, warp + s * stride_rows < tokens, ring_lane + s * kSlotBytes);
-    ahead += stride.logits;
-  }
-  int reading = 0;       // the slot of the row being selected
-  int filling = kAhead;  // the slot the next copy fills
-  int b = 0;             // the row's place in its batch
-  int half = 0;          // the table half this batch fills
-  // The batch waiting for its epilogue (one batch behind): its first row and its rows (0: none).
-  int pending_first = 0, pending_rows = 0;
-  for (int row = warp; row < tokens; row += stride_rows) {
-    // Converged; lane 0's table stores of every earlier row are visible to every lane, and every
-    // lane's reads of the half about to be refilled (two batches ago) are done.
-    __syncwarp();
-    // The slot `filling` held the row before this one, whose keys every lane has made from it
-    // (each lane read only its own vectors): refill it first, so kAhead rows are in flight.
-    stage_row(ahead, row + kAhead * stride_rows < tokens, ring_lane + filling * kSlotBytes);
-    ahead += stride.logits;
-    wait_for_copies<kAhead>();  // this row's group has landed (this lane's copies)
-    float x[N];
-    const float* slot = lane_slots + reading * kStagedRowFloats;
-#pragma unroll
-    for (int c = 0; c < N / V; ++c) {
-      const float4 v = *reinterpret_cast<const float4*>(slot + c * L * V);
-      x[c * V + 0] = v.x;
-      x[c * V + 1] = v.y;
-      x[c * V + 2] = v.z;
-      x[c * V + 3] = v.w;
-    }
-    reading = reading + 1 == kStages ? 0 : reading + 1;
-    filling = filling + 1 == kStages ? 0 : filling + 1;
-    unsigned packed[N];
-    const bool may_hold_nan = packed_keys_nan_tested<L, N, V, kIdBits>(x, lane, packed);
-    if (__any_sync(kFullMask, lane_has_padding || may_hold_nan)) {
-      fix_packed_keys<L, N, V, kIdBits>(x, a.num_experts, lane, packed);
-    }
-    select_top_k_packed_unrolled<N, kK, 1>(packed, table + half * kTableHalf + b * kWinnerRows, lane == 0);
-    const bool more = row + stride_rows < tokens;  // warp-uniform
-    if (++b == kBatchRows || !more) {
-      // This batch is complete, but lane 0's stores of its last row are not yet ordered before the
-      // other lanes' reads; the batch before it is (a loop-top __syncwarp lies between). So the
-      // epilogue runs one batch behind: that batch's now, this one's a batch later or after the
-      // loop.
-      if (pending_rows > 0) {
-        finish_batch<float, N, V, kK, 1>(logits, a, pending_first, pending_rows, stride_rows,
-                                         table + (half ^ 1) * kTableHalf + my_word, histogram);
-      }
-      pending_first = row - (b - 1) * stride_rows;
-      pending_rows = b;
-      b = 0;
-      half ^= 1;
-    }
-  }
-  // The warp's last batch. A __syncwarp here made ptxas unsure that the warp is converged inside
-  // the loop (a divergence test, BRA.DIV, before every round's redux.sync); the block's barrier
-  // orders lane 0's stores before the other lanes' reads as well, and every thread reaches it.
-  __syncthreads();
-  if (pending_rows > 0) {
-    finish_batch<float, N, V, kK, 1>(logits, a, pending_first, pending_rows, stride_rows,
-                                     table + (half ^ 1) * kTableHalf + my_word, histogram);
-  }
-  wait_for_copies<0>();  // no copy is left writing into a block that has ended
   flush_histogram(histogram, a.num_experts, a.counts);
 }
 
@@ -1679,22 +1520,7 @@ enum class SoftmaxKernel {
   version3,              // the kernel before that (full 32-bit keys)
   version4_prefetch,     // Version 4 with the row after next prefetched to L2
   version5_shuffle_max,  // Version 5 with the rounds' max by shuffles instead of redux.sync
-  version7_stages2,      // Version 7 (Version 6 with its rows staged in shared memory), 2 slots a warp
-  version7_stages3,      // ... 3 slots a warp
-  version7_stages4,      // ... 4 slots a warp
-  version7_stages5,      // ... 5 slots a warp
 };
-
-// The ring's slots a warp of a Version 7 kernel; 0 for every other kernel.
-constexpr int staged_slots(SoftmaxKernel kernel) {
-  switch (kernel) {
-    case SoftmaxKernel::version7_stages2: return 2;
-    case SoftmaxKernel::version7_stages3: return 3;
-    case SoftmaxKernel::version7_stages4: return 4;
-    case SoftmaxKernel::version7_stages5: return 5;
-    default: return 0;
-  }
-}
 
 template <typename T, int L, int N, int V, SoftmaxKernel kKernel>
 void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
@@ -1708,18 +1534,11 @@ void launch_softmax(const T* logits, const SoftmaxArgs& a, const LaunchOn& on) {
         kThreads};
     launch_gating_kernel(kernel, shape, on, logits, a);
   } else {
-    constexpr int kStages = staged_slots(kKernel);
-    constexpr bool kVersion6 = kKernel == SoftmaxKernel::version6 || kStages > 0;
+    constexpr bool kVersion6 = kKernel == SoftmaxKernel::version6;
     if constexpr (kVersion6 && std::is_same_v<T, float> && L == 32 && N == 8 && V == 4) {
       if (a.k == kFixedK && !a.full_softmax) {
         static std::atomic<int> batched_blocks_per_sm[kCachedDevices];
-        const auto kernel = [] {
-          if constexpr (kStages > 0) {
-            return fused_softmax_topk_staged<kFixedK, kStages>;
-          } else {
-            return fused_softmax_topk_batched<T, N, V, kFixedK>;
-          }
-        }();
+        const auto kernel = fused_softmax_topk_batched<T, N, V, kFixedK>;
         const unsigned blocks =
             grid_for(a.num_tokens, kRowsPerBlock, blocks_per_sm(kernel, batched_blocks_per_sm, on.gpu), on.gpu);
         const std::int64_t rows = static_cast<std::int64_t>(blocks) * kRowsPerBlock;
@@ -1936,17 +1755,6 @@ void gating_after_v5_ordinary(const GatingParams& params, const float* logits, c
 
 void gating_after_v5(const GatingParams& params, const float* logits, const GatingOutputs& out, cudaStream_t stream) {
   gating_after_version5_tuning<SoftmaxKernel::version5>(params, logits, out, stream);
-}
-
-void gating_after_v7(const GatingParams& params, const float* logits, const GatingOutputs& out, int slots,
-                     cudaStream_t stream) {
-  switch (slots) {
-    case 2: gating_after_version5_tuning<SoftmaxKernel::version7_stages2>(params, logits, out, stream); break;
-    case 3: gating_after_version5_tuning<SoftmaxKernel::version7_stages3>(params, logits, out, stream); break;
-    case 4: gating_after_version5_tuning<SoftmaxKernel::version7_stages4>(params, logits, out, stream); break;
-    case 5: gating_after_version5_tuning<SoftmaxKernel::version7_stages5>(params, logits, out, stream); break;
-    default: throw InvalidArgument("slots (" + std::to_string(slots) + ") must be 2, 3, 4 or 5");
-  }
 }
 
 }  // namespace tune
