@@ -94,9 +94,11 @@ void bench_mma_peak(benchmark::State& state, const kc::DeviceInfo& device, const
 // results tables): step 7's tile configurations, the bf16 kernel's tiles, and mma_peak settings.
 void register_tuning(const kc::DeviceInfo& device) {
   using kc::ch02::detail::Warptile;
-  const std::pair<Warptile, const char*> warptiles[] = {{Warptile::k128x128x8_w32x64, "128x128x8_w32x64"},
-                                                        {Warptile::k128x128x16_w64x64, "128x128x16_w64x64"},
-                                                        {Warptile::k128x256x8_w64x64, "128x256x8_w64x64"}};
+  const std::pair<Warptile, const char*> warptiles[] = {
+      {Warptile::k128x128x8_w32x64, "128x128x8_w32x64"},
+      {Warptile::k128x128x16_w64x64, "128x128x16_w64x64"},
+      {Warptile::k128x256x8_w64x64, "128x256x8_w64x64"},
+      {Warptile::k128x128x8_w64x64_by_columns, "128x128x8_w64x64_by_columns"}};
   // The last three are the tuning tiles (docs/notes/ch02.md).
   const kc::ch02::GemmBf16Tile tiles[] = {kc::ch02::GemmBf16Tile::large,
                                           kc::ch02::GemmBf16Tile::medium,
@@ -115,6 +117,15 @@ void register_tuning(const kc::DeviceInfo& device) {
     kc::bench::configure(benchmark::RegisterBenchmark(name.c_str(), std::move(body)));
   };
   for (const GemmShape& shape : {GemmShape{4096, 4096, 4096}, GemmShape{8192, 8192, 8192}}) {
+    // cuBLAS in the same process and interleaving, so that each configuration's ratio to it is
+    // read from one run.
+    add("ch02/tune_vendor/" + case_label("fp32", shape), [&device, shape](benchmark::State& st) {
+      kc::ch02::CublasHandle cublas;
+      bench_gemm<float>(st, device, shape,
+                        [&cublas](const float* a, const float* b, float* c, GemmShape s, cudaStream_t q) {
+                          kc::ch02::cublas_sgemm(cublas, a, b, c, s, q);
+                        });
+    });
     for (const auto& [config, name] : warptiles) {
       add("ch02/tune_step7_" + std::string(name) + "/" + case_label("fp32", shape),
           [&device, shape, config = config](benchmark::State& st) {

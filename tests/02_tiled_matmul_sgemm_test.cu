@@ -345,6 +345,7 @@ const char* warptile_text(Warptile config) {
     case Warptile::k128x128x8_w32x64: return "k128x128x8_w32x64";
     case Warptile::k128x128x16_w64x64: return "k128x128x16_w64x64";
     case Warptile::k128x256x8_w64x64: return "k128x256x8_w64x64";
+    case Warptile::k128x128x8_w64x64_by_columns: return "k128x128x8_w64x64_by_columns";
   }
   return "unknown";
 }
@@ -358,7 +359,7 @@ using kc::ch02::detail::Warptile;
 using kc::ch02::detail::warptile_text;
 
 constexpr Warptile kAllWarptiles[] = {Warptile::k128x128x8_w32x64, Warptile::k128x128x16_w64x64,
-                                      Warptile::k128x256x8_w64x64};
+                                      Warptile::k128x256x8_w64x64, Warptile::k128x128x8_w64x64_by_columns};
 
 std::string warptile_name(const ::testing::TestParamInfo<Warptile>& info) { return warptile_text(info.param); }
 

@@ -54,9 +54,20 @@ namespace {
 //           2,048 FMAs in the vector loop (SASS): about 1 % of its issue slots.
 enum class Loads { scalar, vector, exact };
 
+// The order of a lane's kTM x kTN multiply-adds at one p. Every order computes the same sums (each
+// acc[i][j] still adds its p in order), so the results are bit for bit the same; what changes is
+// the instruction stream ptxas builds from it: which operands an FFMA finds in the reuse cache,
+// where the shared-memory loads of the next p land among the FFMAs, which registers hold what.
+//   by_rows:    acc[0][0..kTN), acc[1][0..kTN), ...: one A value meets every B value in turn.
+//   by_columns: acc[0..kTM)[0], acc[0..kTM)[1], ...: one B value meets every A value in turn.
+// Nothing in the source says which is faster for a tile; the compiled loop does, and only a
+// measurement tells (docs/notes/ch02.md, Session 25: by_columns is 2 % faster at BK = 8 and 1.7 %
+// slower at BK = 16, with the same 128 x 128 block and 64 x 64 warps).
+enum class FmaOrder { by_rows, by_columns };
+
 // BM x BN block tile, BK step along K, WM x WN warp tile; kMinBlocks per SM for
-// __launch_bounds__; kLoads: see above.
-template <int BM, int BN, int BK, int WM, int WN, int kMinBlocks, Loads kLoads>
+// __launch_bounds__; kOrder and kLoads: see above.
+template <int BM, int BN, int BK, int WM, int WN, int kMinBlocks, FmaOrder kOrder, Loads kLoads>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kMinBlocks)
     sgemm_warptiled(const float* a, const float* b, float* c, std::int64_t m, std::int64_t n, std::int64_t k,
                     bool c_aligned) {
@@ -152,10 +163,18 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kMinBlocks)
         const float4 v = *reinterpret_cast<const float4*>(&b_tile[stage][p][b_frag + 32 * j]);
         b_val[4 * j] = v.x, b_val[4 * j + 1] = v.y, b_val[4 * j + 2] = v.z, b_val[4 * j + 3] = v.w;
       }
+      if constexpr (kOrder == FmaOrder::by_rows) {
 #pragma unroll
-      for (int i = 0; i < kTM; ++i) {
+        for (int i = 0; i < kTM; ++i) {
 #pragma unroll
-        for (int j = 0; j < kTN; ++j) acc[i][j] += a_val[i] * b_val[j];
+          for (int j = 0; j < kTN; ++j) acc[i][j] += a_val[i] * b_val[j];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kTN; ++j) {
+#pragma unroll
+          for (int i = 0; i < kTM; ++i) acc[i][j] += a_val[i] * b_val[j];
+        }
       }
     }
   };
@@ -200,7 +219,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kMinBlocks)
   }
 }
 
-template <int BM, int BN, int BK, int WM, int WN, int kMinBlocks>
+template <int BM, int BN, int BK, int WM, int WN, int kMinBlocks, FmaOrder kOrder = FmaOrder::by_rows>
 void launch(const float* a, const float* b, float* c, const GemmShape& shape, cudaStream_t stream) {
   // float4 loads need every row of A and B to start on a 16-byte boundary: K and N multiples of 4
   // and both matrices 16-byte aligned. Anything else runs the scalar-load instantiation.
@@ -210,13 +229,13 @@ void launch(const float* a, const float* b, float* c, const GemmShape& shape, cu
   const bool exact = vector_loads && shape.m % BM == 0 && shape.n % BN == 0 && shape.k % BK == 0;
   const unsigned blocks = tile_grid(shape, BM, BN);
   if (exact) {
-    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, Loads::exact>
+    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, kOrder, Loads::exact>
         <<<blocks, kThreads, 0, stream>>>(a, b, c, shape.m, shape.n, shape.k, c_aligned);
   } else if (vector_loads) {
-    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, Loads::vector>
+    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, kOrder, Loads::vector>
         <<<blocks, kThreads, 0, stream>>>(a, b, c, shape.m, shape.n, shape.k, c_aligned);
   } else {
-    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, Loads::scalar>
+    sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, kOrder, Loads::scalar>
         <<<blocks, kThreads, 0, stream>>>(a, b, c, shape.m, shape.n, shape.k, c_aligned);
   }
 }
@@ -229,6 +248,9 @@ void sgemm_step7_warptiled(const float* a, const float* b, float* c, const GemmS
     case Warptile::k128x128x8_w32x64: launch<128, 128, 8, 32, 64, 2>(a, b, c, shape, stream); break;
     case Warptile::k128x128x16_w64x64: launch<128, 128, 16, 64, 64, 2>(a, b, c, shape, stream); break;
     case Warptile::k128x256x8_w64x64: launch<128, 256, 8, 64, 64, 1>(a, b, c, shape, stream); break;
+    case Warptile::k128x128x8_w64x64_by_columns:
+      launch<128, 128, 8, 64, 64, 2, FmaOrder::by_columns>(a, b, c, shape, stream);
+      break;
     default:
       throw InvalidArgument("config (" + std::to_string(static_cast<int>(config)) + ") must be a Warptile value");
   }

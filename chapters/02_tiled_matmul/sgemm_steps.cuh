@@ -88,9 +88,10 @@ void sgemm_step6_vectorized(const float* a, const float* b, float* c, const Gemm
 /// The tile shapes step 7 can run with, named kBMxBNxBK_wWMxWN: block tile BM × BN, step BK along
 /// K, warp tile WM × WN. The lesson's tuning exercise times them; sgemm() uses kDefaultWarptile.
 enum class Warptile : int {
-  k128x128x8_w32x64,   ///< 256 threads of 8 × 8 outputs, two blocks per SM: step 6's work per thread
-  k128x128x16_w64x64,  ///< 128 threads of 16 × 8 outputs, two blocks per SM
-  k128x256x8_w64x64,   ///< 256 threads of 16 × 8 outputs, one block per SM
+  k128x128x8_w32x64,             ///< 256 threads of 8 × 8 outputs, two blocks per SM: step 6's work per thread
+  k128x128x16_w64x64,            ///< 128 threads of 16 × 8 outputs, two blocks per SM
+  k128x256x8_w64x64,             ///< 256 threads of 16 × 8 outputs, one block per SM
+  k128x128x8_w64x64_by_columns,  ///< 128 threads of 16 × 8 outputs, two blocks per SM, FMAs column by column
 };
 
 /// The configuration sgemm() runs for step 7 (sgemm_step7_warptiled.cu says why).
