@@ -21,12 +21,17 @@
 //      needs (with both in one kernel, ptxas spilled at the 128-register cap of the 8 x 8 tiling).
 //      A third drops the masks when the tile divides M, N and K (see Loads below).
 //   5. Tuning: Warptile (sgemm_steps.cuh) lists the configurations instantiated here. The default,
-//      k128x128x16_w64x64, has a 128 x 128 block tile of 4 warps of 64 x 64, 16 x 8 outputs per
-//      lane and BK = 16. A lane issues 128 FMAs per 6 float4 reads at each p (8 x 8: 64 per 4),
-//      and BK = 16 halves the per-tile overhead (global loads, shared stores, barrier, loop): in
-//      the compiled loop 2048 of 2242 instructions are FMAs, 91% (8 x 8 at BK = 8: 512 of 585,
-//      87.5%). The price: ~230 registers per lane, so 2 blocks of 128 threads (8 warps) per SM;
-//      with 128 independent sums per lane that still keeps the FMA pipes busy.
+//      k128x128x8_w64x64_by_columns, has a 128 x 128 block tile of 4 warps of 64 x 64, 16 x 8
+//      outputs per lane and BK = 8. A lane issues 128 FMAs per 6 float4 reads at each p (8 x 8: 64
+//      per 4): in the compiled loop (exact loads) 1024 of 1129 instructions are FMAs, 91 %. The
+//      price: ~225 registers per lane, so 2 blocks of 128 threads (8 warps) per SM; with 128
+//      independent sums per lane that still keeps the FMA pipes busy.
+//      Two things the source does not show decide the last few per cent (docs/notes/ch02.md,
+//      Session 25), and both only show in the compiled loop and in a measurement:
+//      - the order of the FMAs (FmaOrder above): at BK = 8 column by column is 2 % faster than row
+//        by row, at BK = 16 (k128x128x16_w64x64, the former default, 2048 of 2227 FMAs) it is the
+//        other way round, and the best of either BK was the BK = 8 column order;
+//      - the unmasked store of the exact kernel (the end of the kernel says why).
 //      k128x128x8_w32x64 keeps step 6's work per thread (8 x 8, 256 threads, 16 warps per SM) and
 //      shows what warp tiling alone gains.
 // Arithmetic intensity: against global memory still 32 FLOP per byte (same block tile). Against
@@ -49,9 +54,10 @@ namespace {
 // How a thread loads its float4s of A and B (picked per launch, see launch() below):
 //   scalar: element by element, each masked (any shape, any alignment);
 //   vector: 16-byte loads, masked per float4 (rows a multiple of 4 floats, 16-byte aligned);
-//   exact:  16-byte loads, no masks at all, when M, N and K are multiples of the tile: every tile
-//           is an interior one. The masks cost 16 register zeroings and 8 compares per K step of
-//           2,048 FMAs in the vector loop (SASS): about 1 % of its issue slots.
+//   exact:  16-byte loads and stores, no masks at all, when M, N and K are multiples of the tile
+//           and C is 16-byte aligned too: every tile is an interior one. The masks cost 16 register
+//           zeroings and 8 compares per K step of 2,048 FMAs in the vector loop (SASS): about 1 %
+//           of its issue slots; the store's masks cost more (see the end of the kernel).
 enum class Loads { scalar, vector, exact };
 
 // The order of a lane's kTM x kTN multiply-adds at one p. Every order computes the same sums (each
@@ -196,24 +202,41 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kMinBlocks)
   multiply_tile(stage);  // the last tile: nothing left to load
 
   // Write C: row a_frag + 16 (i / 4) + i % 4 of the tile, a float4 at column b_frag + 32 (j / 4).
-  // rows_left / cols_left: how many of the lane's rows / columns from its first on lie inside C
-  // (clamped to fit an int; computed late so that they hold no registers during the loop).
   const std::int64_t row0 = tile.row + a_frag, col0 = tile.col + b_frag;
-  const int rows_left = static_cast<int>(m - row0 < WM ? m - row0 : WM);
-  const int cols_left = static_cast<int>(n - col0 < WN ? n - col0 : WN);
   float* c_lane = c + row0 * n + col0;
+  if constexpr (kLoads == Loads::exact) {
+    // Every output exists and C is 16-byte aligned (launch() checks both): no masks. The masks of
+    // the general store below are not free even though they run once, after the loop: with them
+    // ptxas allocated 245 registers instead of 233 and scheduled the K loop differently, and the
+    // whole GEMM took 2.5 % longer at 4096^3 (docs/notes/ch02.md, Session 25).
+    static_cast<void>(c_aligned);
 #pragma unroll
-  for (int i = 0; i < kTM; ++i) {
-    const int r = 16 * (i / 4) + i % 4;
-    if (r >= rows_left) continue;
+    for (int i = 0; i < kTM; ++i) {
+      const int r = 16 * (i / 4) + i % 4;
 #pragma unroll
-    for (int j = 0; j < kTN; j += 4) {
-      const int col = 32 * (j / 4);
-      float* dst = c_lane + r * n + col;
-      if (c_aligned && col + 3 < cols_left) {
-        *reinterpret_cast<float4*>(dst) = make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
-      } else {
-        for (int e = 0; e < 4 && col + e < cols_left; ++e) dst[e] = acc[i][j + e];
+      for (int j = 0; j < kTN; j += 4) {
+        *reinterpret_cast<float4*>(c_lane + r * n + 32 * (j / 4)) =
+            make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+      }
+    }
+  } else {
+    // rows_left / cols_left: how many of the lane's rows / columns from its first on lie inside C
+    // (clamped to fit an int; computed late so that they hold no registers during the loop).
+    const int rows_left = static_cast<int>(m - row0 < WM ? m - row0 : WM);
+    const int cols_left = static_cast<int>(n - col0 < WN ? n - col0 : WN);
+#pragma unroll
+    for (int i = 0; i < kTM; ++i) {
+      const int r = 16 * (i / 4) + i % 4;
+      if (r >= rows_left) continue;
+#pragma unroll
+      for (int j = 0; j < kTN; j += 4) {
+        const int col = 32 * (j / 4);
+        float* dst = c_lane + r * n + col;
+        if (c_aligned && col + 3 < cols_left) {
+          *reinterpret_cast<float4*>(dst) = make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+        } else {
+          for (int e = 0; e < 4 && col + e < cols_left; ++e) dst[e] = acc[i][j + e];
+        }
       }
     }
   }
@@ -226,7 +249,7 @@ void launch(const float* a, const float* b, float* c, const GemmShape& shape, cu
   const bool vector_loads = shape.k % 4 == 0 && shape.n % 4 == 0 && aligned_16(a) && aligned_16(b);
   const bool c_aligned = shape.n % 4 == 0 && aligned_16(c);
   constexpr int kThreads = (BM / WM) * (BN / WN) * 32;
-  const bool exact = vector_loads && shape.m % BM == 0 && shape.n % BN == 0 && shape.k % BK == 0;
+  const bool exact = vector_loads && c_aligned && shape.m % BM == 0 && shape.n % BN == 0 && shape.k % BK == 0;
   const unsigned blocks = tile_grid(shape, BM, BN);
   if (exact) {
     sgemm_warptiled<BM, BN, BK, WM, WN, kMinBlocks, kOrder, Loads::exact>

@@ -95,7 +95,7 @@ enum class Warptile : int {
 };
 
 /// The configuration sgemm() runs for step 7 (sgemm_step7_warptiled.cu says why).
-inline constexpr Warptile kDefaultWarptile = Warptile::k128x128x16_w64x64;
+inline constexpr Warptile kDefaultWarptile = Warptile::k128x128x8_w64x64_by_columns;
 
 /// Step 7 (sgemm_step7_warptiled.cu): warp tiling with double-buffered shared memory.
 void sgemm_step7_warptiled(const float* a, const float* b, float* c, const GemmShape& shape, cudaStream_t stream,
