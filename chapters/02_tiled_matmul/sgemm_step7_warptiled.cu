@@ -206,9 +206,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kMinBlocks)
   float* c_lane = c + row0 * n + col0;
   if constexpr (kLoads == Loads::exact) {
     // Every output exists and C is 16-byte aligned (launch() checks both): no masks. The masks of
-    // the general store below are not free even though they run once, after the loop: with them
-    // ptxas allocated 245 registers instead of 233 and scheduled the K loop differently, and the
-    // whole GEMM took 2.5 % longer at 4096^3 (docs/notes/ch02.md, Session 25).
+    // the general store below run once, after the loop, yet they changed the loop: with them
+    // ptxas gave the default tile 232 registers instead of 224 and a different K loop, and its
+    // GEMM took 4 % longer at 4096^3. Not a rule: the 128 x 256 tile got slower without them
+    // (docs/notes/ch02.md, Session 25, measures every tile).
     static_cast<void>(c_aligned);
 #pragma unroll
     for (int i = 0; i < kTM; ++i) {
