@@ -75,6 +75,15 @@ void bench_gemm(benchmark::State& state, const kc::DeviceInfo& device, const Gem
   state.counters["rotating_sets"] = static_cast<double>(sets);
 }
 
+// cuBLAS SGEMM (TF32 off) on the same inputs: the fp32 `vendor` rows and the tuning sweep's.
+void bench_cublas_sgemm(benchmark::State& state, const kc::DeviceInfo& device, const GemmShape& shape) {
+  kc::ch02::CublasHandle cublas;
+  bench_gemm<float>(state, device, shape,
+                    [&cublas](const float* a, const float* b, float* c, GemmShape s, cudaStream_t q) {
+                      kc::ch02::cublas_sgemm(cublas, a, b, c, s, q);
+                    });
+}
+
 // The limit: the mma.sync peak, reported for every bf16 case so each row has its fraction.
 void bench_mma_peak(benchmark::State& state, const kc::DeviceInfo& device, const kc::ch02::MmaPeakConfig& config = {}) {
   kc::DeviceBuffer<float> sink(static_cast<std::size_t>(kc::ch02::mma_peak_sink_elements(config, device.sm_count)));
@@ -119,13 +128,8 @@ void register_tuning(const kc::DeviceInfo& device) {
   for (const GemmShape& shape : {GemmShape{4096, 4096, 4096}, GemmShape{8192, 8192, 8192}}) {
     // cuBLAS in the same process and interleaving, so that each configuration's ratio to it is
     // read from one run.
-    add("ch02/tune_vendor/" + case_label("fp32", shape), [&device, shape](benchmark::State& st) {
-      kc::ch02::CublasHandle cublas;
-      bench_gemm<float>(st, device, shape,
-                        [&cublas](const float* a, const float* b, float* c, GemmShape s, cudaStream_t q) {
-                          kc::ch02::cublas_sgemm(cublas, a, b, c, s, q);
-                        });
-    });
+    add("ch02/tune_vendor/" + case_label("fp32", shape),
+        [&device, shape](benchmark::State& st) { bench_cublas_sgemm(st, device, shape); });
     for (const auto& [config, name] : warptiles) {
       add("ch02/tune_step7_" + std::string(name) + "/" + case_label("fp32", shape),
           [&device, shape, config = config](benchmark::State& st) {
@@ -199,13 +203,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
         kc::ch02::sgemm(kc::ch02::kBestSgemmStep, a, b, c, s, q);
       });
     });
-    add("ch02/vendor/" + fp32, [&device, shape](benchmark::State& st) {
-      kc::ch02::CublasHandle cublas;
-      bench_gemm<float>(st, device, shape,
-                        [&cublas](const float* a, const float* b, float* c, GemmShape s, cudaStream_t q) {
-                          kc::ch02::cublas_sgemm(cublas, a, b, c, s, q);
-                        });
-    });
+    add("ch02/vendor/" + fp32, [&device, shape](benchmark::State& st) { bench_cublas_sgemm(st, device, shape); });
 
     const std::string bf16 = case_label("bf16", shape);
     using Bf16 = __nv_bfloat16;

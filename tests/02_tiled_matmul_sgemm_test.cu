@@ -209,6 +209,36 @@ void check_against_reference(const Launch& launch, const GemmShape& shape, const
   EXPECT_EQ(dc.guard_damage(), 0u) << "wrote past the end of C";
 }
 
+// As check_against_reference, with C one float past a 16-byte boundary, and A and B too when
+// `offset_a_and_b`: the 16-byte paths must notice and fall back (a float4 access there would
+// fault). Checks every element of C and that nothing around C is written.
+void check_with_c_offset(const Launch& launch, const GemmShape& shape, bool offset_a_and_b, const std::string& what) {
+  SCOPED_TRACE(what + " " + shape_text(shape));
+  const std::uint64_t seed = kc::test::test_seed();
+  const std::size_t ab = offset_a_and_b ? 1 : 0;
+  const auto c_count = static_cast<std::size_t>(shape.m * shape.n);
+  std::vector<float> a(static_cast<std::size_t>(shape.m * shape.k) + ab);
+  std::vector<float> b(static_cast<std::size_t>(shape.k * shape.n) + ab);
+  kc::fill_uniform(std::span<float>(a), seed);
+  kc::fill_uniform(std::span<float>(b), seed + 1);
+  kc::DeviceBuffer<float> da(a), db(b), dc(c_count + 8);
+  dc.fill_bytes(kc::test::kPoisonByte);
+
+  launch(da.data() + ab, db.data() + ab, dc.data() + 1, shape);
+  kc::check(cudaDeviceSynchronize());
+
+  const std::vector<float> a_used(a.begin() + static_cast<std::ptrdiff_t>(ab), a.end());
+  const std::vector<float> b_used(b.begin() + static_cast<std::ptrdiff_t>(ab), b.end());
+  const std::vector<float> all = dc.to_host();
+  const kc::Comparison result = kc::compare<float>(std::span<const float>(all.data() + 1, c_count),
+                                                   reference(a_used, b_used, shape), kc::test::kPoisonByte);
+  kc::test::expect_close(result, kTolerance, what);
+  const std::size_t untouched =
+      kc::count_poisoned(std::span<const float>(all.data(), 1), kc::test::kPoisonByte) +
+      kc::count_poisoned(std::span<const float>(all.data() + 1 + c_count, 7), kc::test::kPoisonByte);
+  EXPECT_EQ(untouched, 8u) << "wrote outside [c, c + M * N)";
+}
+
 class SgemmGpu : public kc::test::GpuTest, public ::testing::WithParamInterface<SgemmStep> {
  protected:
   void check(const GemmShape& shape) {
@@ -242,27 +272,10 @@ TEST_P(SgemmGpu, TallSkinny4096x8x512) {
 // Pointers one float past a 16-byte boundary: the 16-byte paths of steps 6 and 7 must notice and
 // fall back to scalar accesses (a float4 access there would fault). Nothing around C is written.
 TEST_P(SgemmGpu, PointersOffFrom16ByteAlignment) {
-  const GemmShape shape{133, 100, 64};
-  const std::uint64_t seed = kc::test::test_seed();
-  const std::size_t a_count = 133 * 64, b_count = 64 * 100, c_count = 133 * 100;
-  std::vector<float> a(a_count + 1), b(b_count + 1);
-  kc::fill_uniform(std::span<float>(a), seed);
-  kc::fill_uniform(std::span<float>(b), seed + 1);
-  kc::DeviceBuffer<float> da(a), db(b), dc(c_count + 8);
-  dc.fill_bytes(kc::test::kPoisonByte);
-
-  kc::ch02::sgemm(GetParam(), da.data() + 1, db.data() + 1, dc.data() + 1, shape);
-  kc::check(cudaDeviceSynchronize());
-
-  const std::vector<float> a_used(a.begin() + 1, a.end()), b_used(b.begin() + 1, b.end());
-  const std::vector<float> all = dc.to_host();
-  const kc::Comparison result = kc::compare<float>(std::span<const float>(all.data() + 1, c_count),
-                                                   reference(a_used, b_used, shape), kc::test::kPoisonByte);
-  kc::test::expect_close(result, kTolerance, "offset pointers");
-  const std::size_t untouched =
-      kc::count_poisoned(std::span<const float>(all.data(), 1), kc::test::kPoisonByte) +
-      kc::count_poisoned(std::span<const float>(all.data() + 1 + c_count, 7), kc::test::kPoisonByte);
-  EXPECT_EQ(untouched, 8u) << "wrote outside [c, c + M * N)";
+  const SgemmStep step = GetParam();
+  check_with_c_offset(
+      [step](const float* a, const float* b, float* c, const GemmShape& s) { kc::ch02::sgemm(step, a, b, c, s); },
+      {133, 100, 64}, true, "offset pointers");
 }
 
 // A NaN in A must reach every output of its row, and a NaN in B every output of its column: a
@@ -382,26 +395,12 @@ TEST_P(SgemmWarptileGpu, FullTilesOnly256x512x64) { check({256, 512, 64}); }
 // interior kernel stores float4s, so the launch must pick the masked one here (a float4 store
 // would fault). Nothing around C is written.
 TEST_P(SgemmWarptileGpu, WholeTilesWithCOffFrom16ByteAlignment) {
-  const GemmShape shape{256, 512, 64};
-  const std::uint64_t seed = kc::test::test_seed();
-  const std::size_t c_count = 256 * 512;
-  std::vector<float> a(256 * 64), b(64 * 512);
-  kc::fill_uniform(std::span<float>(a), seed);
-  kc::fill_uniform(std::span<float>(b), seed + 1);
-  kc::DeviceBuffer<float> da(a), db(b), dc(c_count + 8);
-  dc.fill_bytes(kc::test::kPoisonByte);
-
-  kc::ch02::detail::sgemm_step7_warptiled(da.data(), db.data(), dc.data() + 1, shape, nullptr, GetParam());
-  kc::check(cudaDeviceSynchronize());
-
-  const std::vector<float> all = dc.to_host();
-  const kc::Comparison result = kc::compare<float>(std::span<const float>(all.data() + 1, c_count),
-                                                   reference(a, b, shape), kc::test::kPoisonByte);
-  kc::test::expect_close(result, kTolerance, std::string("step7 ") + warptile_text(GetParam()) + ", C offset");
-  const std::size_t untouched =
-      kc::count_poisoned(std::span<const float>(all.data(), 1), kc::test::kPoisonByte) +
-      kc::count_poisoned(std::span<const float>(all.data() + 1 + c_count, 7), kc::test::kPoisonByte);
-  EXPECT_EQ(untouched, 8u) << "wrote outside [c, c + M * N)";
+  const Warptile config = GetParam();
+  check_with_c_offset(
+      [config](const float* a, const float* b, float* c, const GemmShape& s) {
+        kc::ch02::detail::sgemm_step7_warptiled(a, b, c, s, nullptr, config);
+      },
+      {256, 512, 64}, false, std::string("step7 ") + warptile_text(config) + ", C offset");
 }
 TEST_P(SgemmWarptileGpu, TallSkinny4096x8x512) {
   if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: skipping the 4096 x 8 x 512 case";
