@@ -84,23 +84,68 @@ TEST(GroupedTileMap, GroupedOrderMatchesTheDrawing) {
   }
 }
 
-// Both orders are bijections of [0, m_tiles × tiles_n) for every shape and band height.
-TEST(GroupedTileMap, OrdersAreBijective) {
-  for (int m_tiles = 1; m_tiles <= 40; m_tiles += 3) {
+// tile_map.hpp's second drawing: experts of 1, 3 and 2 m-tiles, tiles_n = 3, group_m = 2. The
+// grouped order walks each expert's m-tiles on their own; over the global m-tiles it would not.
+TEST(GroupedTileMap, ExpertGroupedOrderMatchesTheDrawing) {
+  const std::vector<std::int32_t> prefix = {0, 1, 4, 6};
+  const int by_expert[6][3] = {{0, 1, 2}, {3, 5, 7}, {4, 6, 8}, {9, 10, 11}, {12, 14, 16}, {13, 15, 17}};
+  const int over_all[6][3] = {{0, 2, 4}, {1, 3, 5}, {6, 8, 10}, {7, 9, 11}, {12, 14, 16}, {13, 15, 17}};
+  for (int m = 0; m < 6; ++m) {
+    for (int n = 0; n < 3; ++n) {
+      const auto c = kc::ch05::tile_in_order(TileOrder::grouped, by_expert[m][n], prefix.data(), 3, 3, 2);
+      EXPECT_EQ(c.m_tile, m) << "id " << by_expert[m][n];
+      EXPECT_EQ(c.n_tile, n) << "id " << by_expert[m][n];
+      const auto g = kc::ch05::grouped_tile(over_all[m][n], 6, 3, 2);
+      EXPECT_EQ(g.m_tile, m) << "id " << over_all[m][n];
+      EXPECT_EQ(g.n_tile, n) << "id " << over_all[m][n];
+    }
+  }
+}
+
+// Random m-tile counts per expert (zeros included): their exclusive prefix.
+std::vector<std::int32_t> random_tile_prefix(std::mt19937_64& rng, int experts, int most_m_tiles) {
+  std::vector<std::int32_t> prefix(static_cast<std::size_t>(experts) + 1, 0);
+  for (int e = 0; e < experts; ++e) {
+    const int tiles = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % static_cast<std::uint64_t>(most_m_tiles + 1));
+    prefix[static_cast<std::size_t>(e) + 1] = prefix[static_cast<std::size_t>(e)] + tiles;
+  }
+  return prefix;
+}
+
+// Both orders are bijections of [0, m_tiles × tiles_n) for every distribution of m-tiles over
+// experts and every band height; both give expert e exactly the ids [prefix[e], prefix[e+1]) ×
+// tiles_n (so a grouped band never crosses an expert); and with at most one m-tile per expert
+// the grouped order is row-major (an expert's n-tiles adjacent).
+TEST(GroupedTileMap, OrdersAreBijectiveAndKeepExpertsApart) {
+  const std::uint64_t seed = kc::test::test_seed();
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int experts = 1 + static_cast<int>(rng() % 40);
+    const int most_m_tiles = trial % 4 == 0 ? 1 : 1 + static_cast<int>(rng() % 12);
+    const std::vector<std::int32_t> prefix = random_tile_prefix(rng, experts, most_m_tiles);
+    const int m_tiles = prefix.back();
+    if (m_tiles == 0) continue;
     for (int tiles_n : {1, 2, 5, 13, 32}) {
       for (int group_m : {1, 2, 3, 8, 64, 1 << 30}) {
         for (TileOrder order : {TileOrder::row_major, TileOrder::grouped}) {
           std::vector<int> seen(static_cast<std::size_t>(m_tiles * tiles_n), 0);
           for (int t = 0; t < m_tiles * tiles_n; ++t) {
-            const auto c = kc::ch05::tile_in_order(order, t, m_tiles, tiles_n, group_m);
+            const auto c = kc::ch05::tile_in_order(order, t, prefix.data(), experts, tiles_n, group_m);
             ASSERT_GE(c.m_tile, 0);
             ASSERT_LT(c.m_tile, m_tiles);
             ASSERT_GE(c.n_tile, 0);
             ASSERT_LT(c.n_tile, tiles_n);
             ++seen[static_cast<std::size_t>(c.m_tile * tiles_n + c.n_tile)];
+            ASSERT_EQ(kc::ch05::expert_of_m_tile(prefix.data(), experts, c.m_tile),
+                      kc::ch05::expert_of_m_tile(prefix.data(), experts, t / tiles_n))
+                << "id " << t << " left its expert's ids; seed " << seed;
+            if (most_m_tiles == 1) {
+              ASSERT_EQ(c.m_tile, t / tiles_n);
+              ASSERT_EQ(c.n_tile, t % tiles_n);
+            }
           }
           ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }))
-              << "m_tiles " << m_tiles << " tiles_n " << tiles_n << " group_m " << group_m;
+              << "experts " << experts << " tiles_n " << tiles_n << " group_m " << group_m << " seed " << seed;
         }
       }
     }
@@ -129,7 +174,7 @@ TEST(GroupedTileMap, EveryTileExactlyOnce) {
       std::map<std::tuple<int, int, int>, int> seen;  // (expert, row0, n) → times
       std::vector<int> rows_covered(static_cast<std::size_t>(m_total), 0);
       for (int t = 0; t < m_tiles * tiles_n; ++t) {
-        const auto c = kc::ch05::tile_in_order(order, t, m_tiles, tiles_n, group_m);
+        const auto c = kc::ch05::tile_in_order(order, t, prefix.data(), experts, tiles_n, group_m);
         const auto r = kc::ch05::locate(offsets.data(), prefix.data(), experts, m_total, block_m, c.m_tile);
         ASSERT_GE(r.expert, 0);
         ASSERT_LT(r.expert, experts);

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(Cfg::threads)
   const int m_tiles = tile_prefix[experts];  // the real m-tile count, known only on the device
   const int tile = static_cast<int>(blockIdx.x);
   if (static_cast<std::int64_t>(tile) >= static_cast<std::int64_t>(m_tiles) * tiles_n) return;  // surplus
-  const TileCoord coord = tile_in_order(order, tile, m_tiles, tiles_n, group_m);
+  const TileCoord coord = tile_in_order(order, tile, tile_prefix, experts, tiles_n, group_m);
   const TileRows rows = locate(offsets, tile_prefix, experts, m_total, Cfg::block_m, coord.m_tile);
   const int col0 = coord.n_tile * Cfg::block_n;
   const __nv_bfloat16* w_expert = w + static_cast<std::int64_t>(rows.expert) * n * k;

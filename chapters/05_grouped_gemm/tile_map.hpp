@@ -14,7 +14,9 @@
 ///
 /// A C tile is (global m-tile, n-tile); there are total_m_tiles × tiles_n of them. A launch order
 /// maps a block's linear id in [0, total_m_tiles × tiles_n) to one of them; locate() turns the
-/// global m-tile into (expert, first row, rows left).
+/// global m-tile into (expert, first row, rows left). In both orders expert e's tiles take the
+/// consecutive ids [tile_prefix[e] × tiles_n, tile_prefix[e+1] × tiles_n): the orders differ only in
+/// how they walk one expert's tiles.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,9 +30,10 @@ enum class TileOrder {
   /// Linear id t → m = t / tiles_n, n = t % tiles_n: n fastest, as Chapter 2 launches. Blocks that
   /// run at the same time share one row of A tiles and read many different W tiles.
   row_major,
-  /// Triton's "grouped ordering": ids walk a band of group_m m-tiles down one n-column, then the
-  /// next column. Blocks that run at the same time read group_m A tiles and about
-  /// (blocks / group_m) W tiles, each W tile reused by group_m blocks while it is in L2.
+  /// Triton's "grouped ordering", expert by expert: ids walk a band of group_m m-tiles of one
+  /// expert down one n-column, then the next column. Blocks that run at the same time read group_m
+  /// A tiles and about (blocks / group_m) W tiles, each W tile reused by group_m blocks while it is
+  /// in L2. A band never holds m-tiles of two experts (expert_grouped_tile says why).
   grouped,
 };
 
@@ -165,10 +168,43 @@ __host__ __device__ constexpr TileCoord grouped_tile(int tile, int m_tiles, int 
   return TileCoord{first_m + within % rows, within / rows};
 }
 
-/// The tile that linear id @p tile names in @p order.
-__host__ __device__ constexpr TileCoord tile_in_order(TileOrder order, int tile, int m_tiles, int tiles_n,
-                                                      int group_m) {
-  return order == TileOrder::grouped ? grouped_tile(tile, m_tiles, tiles_n, group_m) : row_major_tile(tile, tiles_n);
+/// Grouped order, expert by expert: expert e keeps the ids row-major order gives it, [tile_prefix[e]
+/// × tiles_n, tile_prefix[e+1] × tiles_n), and walks its own m-tiles with grouped_tile(), so a band
+/// never crosses into the next expert. Why: W belongs to one expert, so a band that held m-tiles
+/// of two experts would share no W tile between them, and it would pull one expert's n-tiles apart.
+/// With one m-tile per expert (DeepSeek-V3's G256 x 128) and group_m = 8, bands over the global
+/// m-tiles put an expert's n-tiles 8 ids apart, spread over a whole wave of blocks; the W stream
+/// (about 4 TB/s, the 60 MB L2 every 15 us) evicted the expert's A rows between its first block and
+/// its last, and A was read from DRAM several times over (docs/notes/ch05.md, Session 26). Here an
+/// expert with fewer than group_m m-tiles is one band, and one m-tile makes its n-tiles adjacent:
+///
+///     experts of 1, 3 and 2 m-tiles, tiles_n = 3, group_m = 2:
+///        row-major       grouped, over the global m-tiles      grouped, expert by expert
+///       0  1  2           0  2  4                               0  1  2
+///       3  4  5           1  3  5                               3  5  7
+///       6  7  8           6  8 10                               4  6  8
+///       9 10 11           7  9 11                               9 10 11      (a 1-m-tile band)
+///      12 13 14          12 14 16                              12 14 16
+///      15 16 17          13 15 17                              13 15 17
+/// @param tile the block's linear id, in [0, tile_prefix[E] × tiles_n)
+/// @param tile_prefix [E + 1] from tile_prefix_of (or the device prefix kernel)
+/// @param experts E
+/// @param tiles_n n-tiles
+/// @param group_m band height in m-tiles, >= 1
+__host__ __device__ inline TileCoord expert_grouped_tile(int tile, const std::int32_t* tile_prefix, int experts,
+                                                         int tiles_n, int group_m) {
+  const int expert = expert_of_m_tile(tile_prefix, experts, tile / tiles_n);
+  const int first_m = tile_prefix[expert];
+  const int local = tile - first_m * tiles_n;  // first_m × tiles_n <= tile: no overflow
+  const TileCoord c = grouped_tile(local, tile_prefix[expert + 1] - first_m, tiles_n, group_m);
+  return TileCoord{first_m + c.m_tile, c.n_tile};
+}
+
+/// The tile that linear id @p tile (in [0, tile_prefix[E] × tiles_n)) names in @p order.
+__host__ __device__ inline TileCoord tile_in_order(TileOrder order, int tile, const std::int32_t* tile_prefix,
+                                                   int experts, int tiles_n, int group_m) {
+  return order == TileOrder::grouped ? expert_grouped_tile(tile, tile_prefix, experts, tiles_n, group_m)
+                                     : row_major_tile(tile, tiles_n);
 }
 
 }  // namespace kc::ch05

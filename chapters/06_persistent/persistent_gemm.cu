@@ -101,16 +101,17 @@ struct TilePlace {
   int row0, col0, rows_left, cols_left;
 };
 
-__device__ TilePlace place_of(const Problem& p, int tile, int m_tiles) {
-  const ch05::TileCoord coord = ch05::tile_in_order(ch05::TileOrder::grouped, tile, m_tiles, p.tiles_n, p.group_m);
+__device__ TilePlace place_of(const Problem& p, int tile) {
+  const ch05::TileCoord coord =
+      ch05::tile_in_order(ch05::TileOrder::grouped, tile, p.tile_prefix, p.experts, p.tiles_n, p.group_m);
   const ch05::TileRows rows = ch05::locate(p.offsets, p.tile_prefix, p.experts, p.m_total, kBlockM, coord.m_tile);
   const int col0 = coord.n_tile * kBlockN;
   return {p.w + static_cast<std::int64_t>(rows.expert) * p.n * p.k, rows.row0, col0, rows.rows_left, p.n - col0};
 }
 
 template <class Cfg>
-__device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_tiles) {
-  const TilePlace t = place_of(p, tile, m_tiles);
+__device__ __forceinline__ void whole_tile(const Problem& p, int tile) {
+  const TilePlace t = place_of(p, tile);
   ch02::block::gemm_bf16_block<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left, p.paired,
                                     NoEpilogue{});
 }
@@ -125,9 +126,9 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 // that warp once its part is stored. No wait forms a cycle: a partner part never waits, and an owner
 // waits only for the partner parts of lower blocks (schedule.hpp says why, and when that matters).
 template <class Cfg>
-__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
+__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int block) {
   static_assert(Cfg::threads / 32 == kArrivalsPerTile, "one arrival counter per warp of the block tile");
-  const TilePlace t = place_of(p, unit.tile, m_tiles);
+  const TilePlace t = place_of(p, unit.tile);
   const int sk_tile = unit.tile - plan.dp_tiles;
   int* arrivals = p.counters + 1 + static_cast<std::int64_t>(sk_tile) * kArrivalsPerTile;
   std::uint64_t* piece_stamps =
@@ -151,14 +152,14 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
 // Plan block @p plan_block's units from @p first_unit on: whole tiles directly, split parts through
 // stream_k_unit, with a barrier after each (the next unit's copies overwrite shared memory).
 template <class Cfg>
-__device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_block, int first_unit, int m_tiles) {
+__device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_block, int first_unit) {
   const int units = units_of_block(plan, plan_block);
   for (int u = first_unit; u < units; ++u) {
     const WorkUnit unit = unit_of_block(plan, plan_block, u);
     if (is_whole(plan, unit)) {
-      whole_tile<Cfg>(p, unit.tile, m_tiles);
+      whole_tile<Cfg>(p, unit.tile);
     } else {
-      stream_k_unit<Cfg>(p, plan, unit, m_tiles, plan_block);
+      stream_k_unit<Cfg>(p, plan, unit, plan_block);
     }
     __syncthreads();
   }
@@ -172,14 +173,14 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
 
   if constexpr (kScheduler == Scheduler::static_round_robin) {
     for (int tile = block; tile < tiles; tile += grid) {
-      whole_tile<Cfg>(p, tile, m_tiles);
+      whole_tile<Cfg>(p, tile);
       __syncthreads();  // every warp is done with shared memory before the next tile's copies
     }
   } else if constexpr (kScheduler == Scheduler::dynamic_atomic) {
     __shared__ int claimed;
     int tile = block;
     while (tile < tiles) {
-      whole_tile<Cfg>(p, tile, m_tiles);
+      whole_tile<Cfg>(p, tile);
       if (threadIdx.x == 0) claimed = dynamic_tile_of_ticket(grid, atomicAdd(&p.counters[0], 1));
       __syncthreads();  // `claimed` is visible, and shared memory is free
       tile = claimed;
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
       stamp(p, kStampStart);
       const int whole = static_tile_count(plan.dp_tiles, grid, block);
       for (int u = 0; u < whole; ++u) {
-        whole_tile<Cfg>(p, static_tile(grid, block, u), m_tiles);
+        whole_tile<Cfg>(p, static_tile(grid, block, u));
         __syncthreads();
       }
       stamp(p, kStampWholeDone);
@@ -214,12 +215,12 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
           p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampTicket] =
               static_cast<std::uint64_t>(plan_block);
         }
-        run_units<Cfg>(p, plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block), m_tiles);
+        run_units<Cfg>(p, plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block));
       }
       stamp(p, kStampEnd);
       return;
     }
-    run_units<Cfg>(p, plan, block, 0, m_tiles);
+    run_units<Cfg>(p, plan, block, 0);
   }
 }
 

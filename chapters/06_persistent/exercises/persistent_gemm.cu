@@ -93,16 +93,17 @@ struct TilePlace {
   int row0, col0, rows_left, cols_left;
 };
 
-__device__ TilePlace place_of(const Problem& p, int tile, int m_tiles) {
-  const ch05::TileCoord coord = ch05::tile_in_order(ch05::TileOrder::grouped, tile, m_tiles, p.tiles_n, p.group_m);
+__device__ TilePlace place_of(const Problem& p, int tile) {
+  const ch05::TileCoord coord =
+      ch05::tile_in_order(ch05::TileOrder::grouped, tile, p.tile_prefix, p.experts, p.tiles_n, p.group_m);
   const ch05::TileRows rows = ch05::locate(p.offsets, p.tile_prefix, p.experts, p.m_total, kBlockM, coord.m_tile);
   const int col0 = coord.n_tile * kBlockN;
   return {p.w + static_cast<std::int64_t>(rows.expert) * p.n * p.k, rows.row0, col0, rows.rows_left, p.n - col0};
 }
 
 template <class Cfg>
-__device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_tiles) {
-  const TilePlace t = place_of(p, tile, m_tiles);
+__device__ __forceinline__ void whole_tile(const Problem& p, int tile) {
+  const TilePlace t = place_of(p, tile);
   ch02::block::gemm_bf16_block<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left, p.paired,
                                     NoEpilogue{});
 }
@@ -117,9 +118,9 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile, int m_til
 // that warp once its part is stored. No wait forms a cycle: a partner part never waits, and an owner
 // waits only for the partner parts of lower blocks (schedule.hpp says why, and when that matters).
 template <class Cfg>
-__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int m_tiles, int block) {
+__device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int block) {
   static_assert(Cfg::threads / 32 == kArrivalsPerTile, "one arrival counter per warp of the block tile");
-  const TilePlace t = place_of(p, unit.tile, m_tiles);
+  const TilePlace t = place_of(p, unit.tile);
   const int sk_tile = unit.tile - plan.dp_tiles;
   int* arrivals = p.counters + 1 + static_cast<std::int64_t>(sk_tile) * kArrivalsPerTile;
   if (owns(plan, block, unit)) {
@@ -147,12 +148,12 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
     // TODO 1: loop over this block's tiles (block, block + grid, ...), run whole_tile<Cfg> on each,
     // and make the block wait between two tiles before it reuses shared memory. As written, each
     // block does one tile and the tiles past the grid are never computed.
-    if (block < tiles) whole_tile<Cfg>(p, block, m_tiles);
+    if (block < tiles) whole_tile<Cfg>(p, block);
   } else if constexpr (kScheduler == Scheduler::dynamic_atomic) {
     // TODO 2: after each tile, thread 0 claims the next one with atomicAdd on p.counters[0]
     // (dynamic_tile_of_ticket), shares it through shared memory, and every thread moves on to it.
     // Mind the two barriers: one to publish the claim, one before thread 0 may overwrite it.
-    if (block < tiles) whole_tile<Cfg>(p, block, m_tiles);
+    if (block < tiles) whole_tile<Cfg>(p, block);
   } else {
     const int k_tiles = (p.k - 1) / ch02::block::kBlockK + 1;
     const StreamKPlan plan = kScheduler == Scheduler::stream_k
