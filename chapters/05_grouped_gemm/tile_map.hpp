@@ -154,8 +154,8 @@ __host__ __device__ constexpr TileCoord row_major_tile(int tile, int tiles_n) {
 ///       8  9 10 11          8 10 12 14
 ///      12 13 14 15          9 11 13 15
 ///      16 17 18 19         16 17 18 19     (the last band is 1 m-tile wide)
-/// @param tile the block's linear id
-/// @param m_tiles global m-tiles (tile_prefix[E])
+/// @param tile the id, in [0, m_tiles × tiles_n)
+/// @param m_tiles the m-tiles walked (expert_grouped_tile passes one expert's)
 /// @param tiles_n n-tiles
 /// @param group_m band height in m-tiles, >= 1
 __host__ __device__ constexpr TileCoord grouped_tile(int tile, int m_tiles, int tiles_n, int group_m) {
@@ -171,12 +171,10 @@ __host__ __device__ constexpr TileCoord grouped_tile(int tile, int m_tiles, int 
 /// Grouped order, expert by expert: expert e keeps the ids row-major order gives it, [tile_prefix[e]
 /// × tiles_n, tile_prefix[e+1] × tiles_n), and walks its own m-tiles with grouped_tile(), so a band
 /// never crosses into the next expert. Why: W belongs to one expert, so a band that held m-tiles
-/// of two experts would share no W tile between them, and it would pull one expert's n-tiles apart.
-/// With one m-tile per expert (DeepSeek-V3's G256 x 128) and group_m = 8, bands over the global
-/// m-tiles put an expert's n-tiles 8 ids apart, spread over a whole wave of blocks; the W stream
-/// (about 4 TB/s, the 60 MB L2 every 15 us) evicted the expert's A rows between its first block and
-/// its last, and A was read from DRAM several times over (docs/notes/ch05.md, Session 26). Here an
-/// expert with fewer than group_m m-tiles is one band, and one m-tile makes its n-tiles adjacent:
+/// of two experts would share no W tile between them, and it would pull one expert's n-tiles apart
+/// in time, long enough for the W stream to evict the expert's A rows from L2 in between (the
+/// chapter's README, "Bands stop at an expert's last m-tile"). Here an expert with fewer than
+/// group_m m-tiles is one band, and one m-tile makes its n-tiles adjacent:
 ///
 ///     experts of 1, 3 and 2 m-tiles, tiles_n = 3, group_m = 2:
 ///        row-major       grouped, over the global m-tiles      grouped, expert by expert
