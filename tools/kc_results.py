@@ -1081,7 +1081,10 @@ def figure_text(results: Optional[ChapterResults], chapter: Chapter, name: str) 
 # range the repetitions allow (slowest over fastest, fastest over slowest):
 #   <!-- kc:ratio ch03/bf16_M16_N4096_K7168_bias_gelu_res/before/after -->...<!-- /kc:ratio -->
 # reads "before / after"; "1.13 × (1.10–1.16)" means after is 1.13 times as fast as before.
-_RATIO_RE = re.compile(r"(<!-- kc:ratio (\S+) -->)(.*?)(<!-- /kc:ratio -->)")
+# A goal may follow the name, ``>=1.2``, ``<=1.05``, ``>1`` or ``<1``; the text then ends with the verdict, taken
+# from the unrounded median, and the median gets as many decimals (up to four) as it takes not to
+# print the threshold itself: "1.197 × (1.17–1.24), goal ≥ 1.2: missed", never "1.20 ×" for that.
+_RATIO_RE = re.compile(r"(<!-- kc:ratio (\S+)(?: (>=|<=|>|<)(\d+(?:\.\d+)?))? -->)(.*?)(<!-- /kc:ratio -->)")
 # The share of the extra time a fused variant removes: (t_before - t_after) / (t_before - t_base),
 #   <!-- kc:removed ch03/case/before/after/step0_gemm_only -->...<!-- /kc:removed -->
 # reads "76 % ± 12" (one standard deviation from the repetitions): 100 % means after takes no
@@ -1128,16 +1131,35 @@ def _measured_times(results: Optional[ChapterResults], case: str,
     return found  # type: ignore[return-value]
 
 
-def ratio_text(results: Optional[ChapterResults], name: str) -> str:
-    """The text of a kc:ratio marker (see _RATIO_RE)."""
+def goal_decimals(value: float, threshold: float) -> int:
+    """Decimals (2 to 4) for a median next to its goal: the fewest that do not round it onto the
+    threshold, so 1.1974 against 1.2 prints 1.197, not 1.20."""
+    for decimals in (2, 3):
+        if value == threshold or round(value, decimals) != round(threshold, decimals):
+            return decimals
+    return 4
+
+
+def ratio_text(results: Optional[ChapterResults], name: str, relation: Optional[str] = None,
+               threshold: Optional[float] = None) -> str:
+    """The text of a kc:ratio marker (see _RATIO_RE). With a goal (``relation`` ">=", "<=", ">" or
+    "<", and ``threshold``), the verdict from the unrounded median follows the range."""
     _, case, (top, bottom) = _split_derived(name, 2, "ratio")
+    if (relation is None) != (threshold is None) or relation not in (None, ">=", "<=", ">", "<"):
+        raise ResultsError("kc:ratio %s: a goal is >=X, <=X, >X or <X" % name)
     found = _measured_times(results, case, [top, bottom])
     if found is None:
         return "not yet measured"
     a, b = found
+    value = a.time_s / b.time_s
     low = (a.min_s or a.time_s) / (b.max_s or b.time_s)
     high = (a.max_s or a.time_s) / (b.min_s or b.time_s)
-    return "%.2f × (%.2f–%.2f)" % (a.time_s / b.time_s, low, high)
+    if relation is None or threshold is None:
+        return "%.2f × (%.2f–%.2f)" % (value, low, high)
+    met = {">=": value >= threshold, "<=": value <= threshold, ">": value > threshold, "<": value < threshold}[relation]
+    symbol = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}[relation]
+    return "%.*f × (%.2f–%.2f), goal %s %g: %s" % (goal_decimals(value, threshold), value, low, high, symbol,
+                                                   threshold, "met" if met else "missed")
 
 
 def removed_text(results: Optional[ChapterResults], name: str) -> str:
@@ -1184,8 +1206,10 @@ def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
         return other_results
 
     def replace_ratio(mt: "re.Match[str]") -> str:
-        name = mt.group(2)
-        return mt.group(1) + ratio_text(results_of(name.split("/", 1)[0], name, "ratio"), name) + mt.group(4)
+        name, relation, threshold = mt.group(2), mt.group(3), mt.group(4)
+        text = ratio_text(results_of(name.split("/", 1)[0], name, "ratio"), name, relation,
+                          float(threshold) if threshold is not None else None)
+        return mt.group(1) + text + mt.group(6)
 
     def replace_removed(mt: "re.Match[str]") -> str:
         name = mt.group(2)
@@ -1195,6 +1219,10 @@ def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
         name = mt.group(2)
         return mt.group(1) + counter_text(results_of(name.split("/", 1)[0], name, "counter"), name) + mt.group(4)
 
+    for opening in re.findall(r"<!-- kc:ratio .*? -->", text):
+        if not _RATIO_RE.match(opening + "<!-- /kc:ratio -->"):
+            raise ResultsError("%s: expected <!-- kc:ratio chNN/case/variant/variant --> with an optional goal "
+                               "(>=X, <=X, >X or <X) after one space" % opening)
     text = _FIGURE_RE.sub(replace, text)
     text = _RATIO_RE.sub(replace_ratio, text)
     text = _COUNTER_RE.sub(replace_counter, text)

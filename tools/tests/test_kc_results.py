@@ -555,6 +555,44 @@ class DerivedMarkerTest(unittest.TestCase):
         with self.assertRaises(kr.ResultsError):
             kr.ratio_text(r, "ch03/caseA/before")
 
+    def test_ratio_with_a_goal_gives_the_verdict_from_the_unrounded_median(self):
+        r = self.results({"before": (157.22, 156.0, 161.0), "after": (131.30, 130.0, 134.0),
+                          "vendor": (157.9, 157.9, 157.9), "fast": (100.0, 100.0, 100.0)})
+        # 1.1974: two decimals would print the threshold, so three, and the goal is missed.
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/before/after", ">=", 1.2),
+                         "1.197 × (1.16–1.24), goal ≥ 1.2: missed")
+        # 1.2026 would print as 1.20 too: three decimals, met.
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/vendor/after", ">=", 1.2),
+                         "1.203 × (1.18–1.21), goal ≥ 1.2: met")
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/before/fast", ">=", 1.2),
+                         "1.57 × (1.56–1.61), goal ≥ 1.2: met")
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/after/before", "<=", 0.85),
+                         "0.84 × (0.81–0.86), goal ≤ 0.85: met")
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/after/before", "<", 0.8), "0.84 × (0.81–0.86), goal < 0.8: missed")
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/before/fast", ">", 1), "1.57 × (1.56–1.61), goal > 1: met")
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/before/missing", ">=", 1.2), "not yet measured")
+        with self.assertRaises(kr.ResultsError):
+            kr.ratio_text(r, "ch03/caseA/before/after", "==", 1.2)
+        with self.assertRaises(kr.ResultsError):
+            kr.ratio_text(r, "ch03/caseA/before/after", ">=", None)
+
+    def test_goal_decimals_stop_short_of_the_threshold(self):
+        self.assertEqual(kr.goal_decimals(1.1974, 1.2), 3)
+        self.assertEqual(kr.goal_decimals(1.2155, 1.2), 2)
+        self.assertEqual(kr.goal_decimals(1.2004, 1.2), 4)
+        self.assertEqual(kr.goal_decimals(1.2, 1.2), 2)
+
+    def test_a_goal_marker_is_filled_and_a_malformed_one_is_refused(self):
+        r = self.results({"before": (30.0, 29.0, 31.0), "after": (25.0, 24.0, 26.0)})
+        ch03 = kr.Chapter(id="ch03", dir="03_fused_epilogue", title="Fused", metric="bandwidth")
+        text = "x <!-- kc:ratio ch03/caseA/before/after >=1.15 -->typed<!-- /kc:ratio --> y"
+        self.assertEqual(kr.fill_figures(text, r, ch03),
+                         "x <!-- kc:ratio ch03/caseA/before/after >=1.15 -->1.20 × (1.12–1.29), goal ≥ 1.15: met"
+                         "<!-- /kc:ratio --> y")
+        for bad in (">= 1.15", "≥1.15", ">=x", "=>1.15"):
+            with self.assertRaises(kr.ResultsError):
+                kr.fill_figures("<!-- kc:ratio ch03/caseA/before/after %s -->t<!-- /kc:ratio -->" % bad, r, ch03)
+
     def test_removed_share_and_its_spread(self):
         r = self.results({"before": (40.0, 40.0, 40.0), "after": (32.0, 31.0, 33.0), "base": (30.0, 30.0, 30.0)})
         self.assertEqual(kr.removed_text(r, "ch03/caseA/before/after/base"), "80 % ± 0")
