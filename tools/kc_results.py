@@ -1084,7 +1084,9 @@ def figure_text(results: Optional[ChapterResults], chapter: Chapter, name: str) 
 # A goal may follow the name, ``>=1.2``, ``<=1.05``, ``>1`` or ``<1``; the text then ends with the verdict, taken
 # from the unrounded median, and the median gets as many decimals (up to four) as it takes not to
 # print the threshold itself: "1.197 × (1.17–1.24), goal ≥ 1.2: missed", never "1.20 ×" for that.
-_RATIO_RE = re.compile(r"(<!-- kc:ratio (\S+)(?: (>=|<=|>|<)(\d+(?:\.\d+)?))? -->)(.*?)(<!-- /kc:ratio -->)")
+# ``~>=1`` is the "no slower beyond the run-to-run spread" kind of goal: met when the range reaches
+# the threshold, whatever the median.
+_RATIO_RE = re.compile(r"(<!-- kc:ratio (\S+)(?: (~>=|>=|<=|>|<)(\d+(?:\.\d+)?))? -->)(.*?)(<!-- /kc:ratio -->)")
 # The share of the extra time a fused variant removes: (t_before - t_after) / (t_before - t_base),
 #   <!-- kc:removed ch03/case/before/after/step0_gemm_only -->...<!-- /kc:removed -->
 # reads "76 % ± 12" (one standard deviation from the repetitions): 100 % means after takes no
@@ -1143,10 +1145,11 @@ def goal_decimals(value: float, threshold: float) -> int:
 def ratio_text(results: Optional[ChapterResults], name: str, relation: Optional[str] = None,
                threshold: Optional[float] = None) -> str:
     """The text of a kc:ratio marker (see _RATIO_RE). With a goal (``relation`` ">=", "<=", ">" or
-    "<", and ``threshold``), the verdict from the unrounded median follows the range."""
+    "<", and ``threshold``), the verdict from the unrounded median follows the range; with "~>=",
+    the verdict from the range (no slower than the threshold beyond the spread)."""
     _, case, (top, bottom) = _split_derived(name, 2, "ratio")
-    if (relation is None) != (threshold is None) or relation not in (None, ">=", "<=", ">", "<"):
-        raise ResultsError("kc:ratio %s: a goal is >=X, <=X, >X or <X" % name)
+    if (relation is None) != (threshold is None) or relation not in (None, "~>=", ">=", "<=", ">", "<"):
+        raise ResultsError("kc:ratio %s: a goal is >=X, <=X, >X, <X or ~>=X" % name)
     found = _measured_times(results, case, [top, bottom])
     if found is None:
         return "not yet measured"
@@ -1156,6 +1159,9 @@ def ratio_text(results: Optional[ChapterResults], name: str, relation: Optional[
     high = (a.max_s or a.time_s) / (b.min_s or b.time_s)
     if relation is None or threshold is None:
         return "%.2f × (%.2f–%.2f)" % (value, low, high)
+    if relation == "~>=":  # judged on the range, so the median needs no extra decimals
+        return "%.2f × (%.2f–%.2f), goal not below %g beyond the spread: %s" % (
+            value, low, high, threshold, "met" if high >= threshold else "missed")
     met = {">=": value >= threshold, "<=": value <= threshold, ">": value > threshold, "<": value < threshold}[relation]
     symbol = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}[relation]
     return "%.*f × (%.2f–%.2f), goal %s %g: %s" % (goal_decimals(value, threshold), value, low, high, symbol,
@@ -1222,7 +1228,7 @@ def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
     for opening in re.findall(r"<!-- kc:ratio .*? -->", text):
         if not _RATIO_RE.match(opening + "<!-- /kc:ratio -->"):
             raise ResultsError("%s: expected <!-- kc:ratio chNN/case/variant/variant --> with an optional goal "
-                               "(>=X, <=X, >X or <X) after one space" % opening)
+                               "(>=X, <=X, >X, <X or ~>=X) after one space" % opening)
     text = _FIGURE_RE.sub(replace, text)
     text = _RATIO_RE.sub(replace_ratio, text)
     text = _COUNTER_RE.sub(replace_counter, text)

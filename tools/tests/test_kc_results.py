@@ -576,6 +576,15 @@ class DerivedMarkerTest(unittest.TestCase):
         with self.assertRaises(kr.ResultsError):
             kr.ratio_text(r, "ch03/caseA/before/after", ">=", None)
 
+    def test_a_no_slower_beyond_the_spread_goal_is_judged_on_the_range(self):
+        r = self.results({"before": (100.0, 99.0, 104.0), "after": (102.0, 100.0, 103.0),
+                          "slow": (110.0, 109.0, 111.0)})
+        # The median is 0.98, but the range (0.96–1.04) reaches 1: met.
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/before/after", "~>=", 1),
+                         "0.98 × (0.96–1.04), goal not below 1 beyond the spread: met")
+        self.assertEqual(kr.ratio_text(r, "ch03/caseA/before/slow", "~>=", 1),
+                         "0.91 × (0.89–0.95), goal not below 1 beyond the spread: missed")
+
     def test_goal_decimals_stop_short_of_the_threshold(self):
         self.assertEqual(kr.goal_decimals(1.1974, 1.2), 3)
         self.assertEqual(kr.goal_decimals(1.2155, 1.2), 2)
@@ -589,7 +598,7 @@ class DerivedMarkerTest(unittest.TestCase):
         self.assertEqual(kr.fill_figures(text, r, ch03),
                          "x <!-- kc:ratio ch03/caseA/before/after >=1.15 -->1.20 × (1.12–1.29), goal ≥ 1.15: met"
                          "<!-- /kc:ratio --> y")
-        for bad in (">= 1.15", "≥1.15", ">=x", "=>1.15"):
+        for bad in (">= 1.15", "≥1.15", ">=x", "=>1.15", "~<=1"):
             with self.assertRaises(kr.ResultsError):
                 kr.fill_figures("<!-- kc:ratio ch03/caseA/before/after %s -->t<!-- /kc:ratio -->" % bad, r, ch03)
 
