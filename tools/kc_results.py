@@ -1081,9 +1081,10 @@ def figure_text(results: Optional[ChapterResults], chapter: Chapter, name: str) 
 # range the repetitions allow (slowest over fastest, fastest over slowest):
 #   <!-- kc:ratio ch03/bf16_M16_N4096_K7168_bias_gelu_res/before/after -->...<!-- /kc:ratio -->
 # reads "before / after"; "1.13 × (1.10–1.16)" means after is 1.13 times as fast as before.
-# A goal may follow the name, ``>=1.2``, ``<=1.05``, ``>1`` or ``<1``; the text then ends with the verdict, taken
-# from the unrounded median, and the median gets as many decimals (up to four) as it takes not to
-# print the threshold itself: "1.197 × (1.17–1.24), goal ≥ 1.2: missed", never "1.20 ×" for that.
+# A goal may follow the name, ``>=1.2``, ``<=1.05``, ``>1`` or ``<1``; the text then ends with the
+# verdict, taken from the unrounded median, and the median gets as many decimals (up to four) as it
+# takes not to print the threshold itself: "1.197 × (1.17–1.24), goal ≥ 1.2: missed", never
+# "1.20 ×" for that.
 # ``~>=1`` is the "no slower beyond the run-to-run spread" kind of goal: met when the range reaches
 # the threshold, whatever the median.
 _RATIO_RE = re.compile(r"(<!-- kc:ratio (\S+)(?: (~>=|>=|<=|>|<)(\d+(?:\.\d+)?))? -->)(.*?)(<!-- /kc:ratio -->)")
