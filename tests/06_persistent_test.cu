@@ -298,9 +298,9 @@ TEST(PersistentSchedule, StreamKPlansOfTheTailCases) {
 TEST(PersistentArguments, RulesAndWorkspace) {
   HostBuffer c;
   const GroupedGemmShape ok{4, 4, 8, 8};
-  // prefix 256 + counters round_up(4 · (1 + 264 tiles · 8 warps)) = 8704 + one 64 KiB partial tile
-  // per block.
-  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 256u + 8704u + 132u * 65536u);
+  // a 256-byte prefix row per block + counters round_up(4 · (1 + 264 tiles · 8 warps)) = 8704 + one
+  // 64 KiB partial tile per block.
+  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 132u * 256u + 8704u + 132u * 65536u);
   EXPECT_EQ(kc::ch06::persistent_workspace_bytes({4, 4, 8, 300}, 1), 1280u + 256u + 1u * 65536u);
   expect_invalid_argument([&] { kc::ch06::persistent_workspace_bytes(ok, 0); }, "grid (0) must be >= 1");
   expect_invalid_argument(
@@ -449,6 +449,67 @@ TEST_F(PersistentGpu, ClaimingTheTailChangesNoBit) {
     const std::vector<bf16> unclaimed = run_path(p, &s, nullptr, 100, false);
     expect_matches_fp64(p, claimed, 12);
     EXPECT_EQ(std::memcmp(claimed.data(), unclaimed.data(), claimed.size() * sizeof(bf16)), 0);
+  }
+}
+
+// The kernel a launch follows, made to race it: it lets a dependent kernel launch at once
+// (griddepcontrol.launch_dependents), spins for `nanoseconds`, and only then writes the offsets
+// (copied from `source`) and fills the whole workspace with `garbage` (stale prefix rows, counters
+// and partials). A GEMM that read the offsets, or used a counter, before this kernel and the
+// counters' zeroing were done would compute the wrong tiles or skip its partners.
+__global__ void late_offsets_and_garbage(const std::int32_t* source, std::int32_t* offsets, int count,
+                                         std::int32_t* workspace, std::size_t words, std::int32_t garbage,
+                                         unsigned long long nanoseconds) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  unsigned long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (std::size_t i = first; i < words; i += stride) workspace[i] = garbage;
+  for (std::size_t i = first; i < static_cast<std::size_t>(count); i += stride) offsets[i] = source[i];
+}
+
+// On sm_90 the persistent kernel starts before the counters' zeroing kernel ends (programmatic
+// dependent launch), and reads the offsets at once. That is safe only because the zeroing kernel is
+// an ordinary launch, which waits for everything before it. Here the kernel before writes the
+// offsets and soils the workspace 50 us after it let dependents launch; every scheduler must still
+// match fp64 and Chapter 5 (the tail case, so Stream-K and split-K split tiles and use counters).
+TEST_F(PersistentGpu, EarlyStartWaitsForTheKernelsBefore) {
+  if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
+  const Problem p = random_problem({384, 384, 384, 384}, 2048, 1024, kc::test::test_seed());
+  const std::vector<bf16> chapter5 = run_path(p, nullptr);
+  const std::vector<double> chapter5_d = kc::ref::widen(std::span<const bf16>(chapter5));
+  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
+  kc::DeviceBuffer<std::int32_t> source(p.offsets), offsets(p.offsets);
+  kc::DeviceBuffer<std::int32_t> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape) /
+                                           sizeof(std::int32_t));
+  kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
+  const int count = static_cast<int>(p.offsets.size());
+  for (Scheduler s : kAll) {
+    SCOPED_TRACE(name_of(s));
+    const PersistentOptions options{s, kc::ch05::kDefaultGroupM, 100};
+    // Loaded and run once first: a first launch's module loading outlasts the 50 us.
+    kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                      workspace.bytes(), options);
+    kc::check(cudaDeviceSynchronize());
+    for (std::int32_t garbage : {-1, 1 << 20}) {
+      c.poison();
+      offsets.fill_bytes(0);  // every expert empty until the kernel before writes the offsets
+      late_offsets_and_garbage<<<132, 256>>>(source.data(), offsets.data(), count, workspace.data(), workspace.size(),
+                                             garbage, 50000);
+      kc::check(cudaGetLastError());
+      kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                        workspace.bytes(), options);
+      kc::check(cudaDeviceSynchronize());
+      const std::vector<bf16> got = c.to_host();
+      expect_matches_fp64(p, got, 13);
+      kc::test::expect_close(kc::compare<bf16>(got, chapter5_d, kc::test::kPoisonByte), kTolerance, "vs Chapter 5");
+    }
   }
 }
 

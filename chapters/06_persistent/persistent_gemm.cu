@@ -1,11 +1,14 @@
 // Persistent grouped GEMM: a grid of SMs × blocks-per-SM blocks that loop over Chapter 5's tiles.
 //
-//   1. prefix_kernel (one block): the m-tile prefix over experts from the device offsets (as in
-//      Chapter 5), and zeroes the schedulers' counters. It runs before the GEMM on the same stream
-//      anyway, so resetting the counters there costs nothing: no cudaMemsetAsync node, no epoch.
-//   2. persistent_kernel<Cfg, scheduler>: every block loops over tiles in Chapter 5's grouped order
-//      and runs Chapter 2's block tile on each, with a __syncthreads() between two tiles (the next
-//      tile's copies overwrite the shared memory the last one read).
+//   1. zero_counters_kernel (one block): zeroes the schedulers' counters. It runs before the GEMM on
+//      the same stream, and on sm_90 it lets the GEMM start at once (programmatic dependent launch):
+//      the GEMM waits for it only where it first touches a counter, tens of microseconds later, so
+//      neither its launch nor its run is on the critical path.
+//   2. persistent_kernel<Cfg, scheduler>: every block first computes its own copy of the m-tile
+//      prefix over experts from the device offsets (Chapter 5's prefix, which Chapter 5 computes in
+//      a kernel of its own), then loops over tiles in Chapter 5's grouped order and runs Chapter 2's
+//      block tile on each, with a __syncthreads() between two tiles (the next tile's copies
+//      overwrite the shared memory the last one read).
 //        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
 //        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
 //        stream_k: whole tiles round-robin, then this block's range of the last wave's k-slices;
@@ -33,44 +36,53 @@ using ch02::block::NoEpilogue;
 using ch05::kBlockM;
 using ch05::kBlockN;
 
-constexpr int kPrefixThreads = ch05::kMaxExperts;  // one expert per thread
-constexpr int kTileFloats = kBlockM * kBlockN;     // one fp32 partial tile
+constexpr int kZeroThreads = 256;
+constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile
 
 // Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
 struct WorkspaceLayout {
-  std::int32_t* tile_prefix;  // [E + 1]
-  std::int32_t* counters;     // [0]: dynamic ticket counter; [1 + 8·s + w]: warp w's arrivals at Stream-K tile s
-  float* partials;            // [grid][128 × 128]: block b's partial in slot b (partial_slot)
+  std::int32_t* prefixes;  // [grid][prefix_stride]: block b's copy of the m-tile prefix ([E + 1]) in row b
+  int prefix_stride;       // int32 from one copy to the next (a multiple of 64: 256-byte rows)
+  std::int32_t* counters;  // [0]: dynamic ticket counter; [1 + 8·s + w]: warp w's arrivals at Stream-K tile s
+  float* partials;         // [grid][128 × 128]: block b's partial in slot b (partial_slot)
 };
 
 std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 WorkspaceLayout layout_of(void* workspace, int experts, int grid) {
   auto* base = static_cast<unsigned char*>(workspace);
-  const std::size_t prefix_bytes = round_up_256(static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t));
+  const std::size_t prefix_row = round_up_256(static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t));
+  const std::size_t prefix_bytes = static_cast<std::size_t>(grid) * prefix_row;
   const std::size_t counter_bytes =
       round_up_256(static_cast<std::size_t>(1 + arrival_counters(grid)) * sizeof(std::int32_t));
-  return {reinterpret_cast<std::int32_t*>(base), reinterpret_cast<std::int32_t*>(base + prefix_bytes),
+  return {reinterpret_cast<std::int32_t*>(base), static_cast<int>(prefix_row / sizeof(std::int32_t)),
+          reinterpret_cast<std::int32_t*>(base + prefix_bytes),
           reinterpret_cast<float*>(base + prefix_bytes + counter_bytes)};
 }
 
-__global__ void __launch_bounds__(kPrefixThreads)
-    prefix_kernel(const std::int32_t* __restrict__ offsets, int experts, int m_total,
-                  std::int32_t* __restrict__ tile_prefix, std::int32_t* __restrict__ counters, int counter_count) {
-  using Scan = cub::BlockScan<int, kPrefixThreads>;
-  __shared__ typename Scan::TempStorage scratch;
-  const int e = static_cast<int>(threadIdx.x);
-  int tiles = 0;
-  if (e < experts) {
-    int begin = 0, end = 0;
-    ch05::expert_rows(offsets, e, m_total, begin, end);
-    tiles = ch05::m_tiles_of(end - begin, kBlockM);
-  }
-  int inclusive = 0;
-  Scan(scratch).InclusiveSum(tiles, inclusive);
-  if (e < experts) tile_prefix[e + 1] = inclusive;
-  if (e == 0) tile_prefix[0] = 0;
-  for (int i = e; i < counter_count; i += kPrefixThreads) counters[i] = 0;
+// Programmatic dependent launch (Chapters 4 and 7 use it too). The GEMM is launched with the
+// attribute "programmatic stream serialization", so it may start once every block of the kernel
+// before it (zero_counters_kernel) has run griddepcontrol.launch_dependents, instead of after that
+// kernel has finished. griddepcontrol.wait, in the GEMM, returns once that kernel has finished and
+// its stores are visible. Both compile to nothing before sm_90, where the launch is an ordinary one.
+__device__ __forceinline__ void let_the_gemm_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_zeroed_counters() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// The counters of the schedulers, zeroed for this launch. Only the GEMM after it reads them, and
+// only after wait_for_zeroed_counters(); everything the GEMM reads before that (A, W, the offsets)
+// was written by kernels that finished before this one started.
+__global__ void __launch_bounds__(kZeroThreads) zero_counters_kernel(std::int32_t* __restrict__ counters, int count) {
+  let_the_gemm_start();
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += kZeroThreads) counters[i] = 0;
 }
 
 struct Problem {
@@ -78,7 +90,8 @@ struct Problem {
   const __nv_bfloat16* w;
   __nv_bfloat16* c;
   const std::int32_t* offsets;
-  const std::int32_t* tile_prefix;
+  std::int32_t* prefixes;  // WorkspaceLayout::prefixes: each block writes and reads its own row
+  int prefix_stride;
   std::int32_t* counters;
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
@@ -95,6 +108,41 @@ __device__ __forceinline__ void stamp(const Problem& p, int point) {
   p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + point] = now;
 }
 
+// This block's copy of the m-tile prefix (its row of the workspace).
+__device__ __forceinline__ std::int32_t* prefix_of_block(const Problem& p) {
+  return p.prefixes + static_cast<std::int64_t>(blockIdx.x) * p.prefix_stride;
+}
+
+// Chapter 5's m-tile prefix over experts (tile_prefix_of), computed by the whole block into its own
+// row: thread t takes experts kPerThread·t ... kPerThread·t + kPerThread - 1, and one block-wide
+// scan adds them up. Every block computes the same numbers; since each one reads only what it wrote,
+// no block waits for another, and no kernel has to run first. Returns the m-tile count.
+template <int kThreads>
+__device__ int compute_tile_prefix(const Problem& p) {
+  constexpr int kPerThread = (ch05::kMaxExperts + kThreads - 1) / kThreads;
+  using Scan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;  // a few words of shared memory
+  __shared__ typename Scan::TempStorage scratch;
+  std::int32_t* prefix = prefix_of_block(p);
+  const int first = static_cast<int>(threadIdx.x) * kPerThread;
+  int tiles[kPerThread];
+  for (int i = 0; i < kPerThread; ++i) {
+    tiles[i] = 0;
+    if (first + i < p.experts) {
+      int begin = 0, end = 0;
+      ch05::expert_rows(p.offsets, first + i, p.m_total, begin, end);
+      tiles[i] = ch05::m_tiles_of(end - begin, kBlockM);
+    }
+  }
+  int m_tiles = 0;
+  Scan(scratch).InclusiveSum(tiles, tiles, m_tiles);
+  for (int i = 0; i < kPerThread; ++i) {
+    if (first + i < p.experts) prefix[first + i + 1] = tiles[i];
+  }
+  if (threadIdx.x == 0) prefix[0] = 0;
+  __syncthreads();  // the row is complete, and its stores are visible to every thread of the block
+  return m_tiles;
+}
+
 // Where linear tile `tile` lies: its expert's A rows and W, C's rows and columns.
 struct TilePlace {
   const __nv_bfloat16* w_expert;
@@ -102,9 +150,10 @@ struct TilePlace {
 };
 
 __device__ TilePlace place_of(const Problem& p, int tile) {
+  const std::int32_t* prefix = prefix_of_block(p);
   const ch05::TileCoord coord =
-      ch05::tile_in_order(ch05::TileOrder::grouped, tile, p.tile_prefix, p.experts, p.tiles_n, p.group_m);
-  const ch05::TileRows rows = ch05::locate(p.offsets, p.tile_prefix, p.experts, p.m_total, kBlockM, coord.m_tile);
+      ch05::tile_in_order(ch05::TileOrder::grouped, tile, prefix, p.experts, p.tiles_n, p.group_m);
+  const ch05::TileRows rows = ch05::locate(p.offsets, prefix, p.experts, p.m_total, kBlockM, coord.m_tile);
   const int col0 = coord.n_tile * kBlockN;
   return {p.w + static_cast<std::int64_t>(rows.expert) * p.n * p.k, rows.row0, col0, rows.rows_left, p.n - col0};
 }
@@ -159,6 +208,7 @@ __device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_bl
     if (is_whole(plan, unit)) {
       whole_tile<Cfg>(p, unit.tile);
     } else {
+      wait_for_zeroed_counters();  // the split tile's arrival counters
       stream_k_unit<Cfg>(p, plan, unit, plan_block);
     }
     __syncthreads();
@@ -167,8 +217,8 @@ __device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_bl
 
 template <class Cfg, Scheduler kScheduler>
 __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem p) {
-  const int m_tiles = p.tile_prefix[p.experts];  // the real m-tile count, known only on the device
-  const int tiles = m_tiles * p.tiles_n;         // <= Chapter 5's grid bound <= 2^31 - 1 (validated)
+  const int m_tiles = compute_tile_prefix<Cfg::threads>(p);  // the real m-tile count, known only on the device
+  const int tiles = m_tiles * p.tiles_n;                     // <= Chapter 5's grid bound <= 2^31 - 1 (validated)
   const int block = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
 
   if constexpr (kScheduler == Scheduler::static_round_robin) {
@@ -176,11 +226,13 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
       whole_tile<Cfg>(p, tile);
       __syncthreads();  // every warp is done with shared memory before the next tile's copies
     }
+    wait_for_zeroed_counters();  // no counter here: the launch simply never ends before the kernel before it
   } else if constexpr (kScheduler == Scheduler::dynamic_atomic) {
     __shared__ int claimed;
     int tile = block;
     while (tile < tiles) {
       whole_tile<Cfg>(p, tile);
+      wait_for_zeroed_counters();  // returns at once from the second tile on
       if (threadIdx.x == 0) claimed = dynamic_tile_of_ticket(grid, atomicAdd(&p.counters[0], 1));
       __syncthreads();  // `claimed` is visible, and shared memory is free
       tile = claimed;
@@ -203,6 +255,7 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
         __syncthreads();
       }
       stamp(p, kStampWholeDone);
+      wait_for_zeroed_counters();  // the ticket counter and the arrival counters
       __shared__ int claimed;
       while (true) {
         if (threadIdx.x == 0) claimed = atomicAdd(&p.counters[0], 1);
@@ -221,6 +274,7 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
       return;
     }
     run_units<Cfg>(p, plan, block, 0);
+    wait_for_zeroed_counters();  // a block with no split unit still ends after the kernel before it
   }
 }
 
@@ -229,8 +283,9 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
 struct DeviceLimits {
   std::size_t smem_per_block_optin = 0;
   int sms = 0;
-  bool medium4 = false;         // MediumTile4 fits (else MediumTile3)
-  int slots[kSchedulers] = {};  // SMs × blocks per SM, per Scheduler
+  bool dependent_launch = false;  // sm_90 on: griddepcontrol, the GEMM launched early
+  bool medium4 = false;           // MediumTile4 fits (else MediumTile3)
+  int slots[kSchedulers] = {};    // SMs × blocks per SM, per Scheduler
 };
 
 template <class Cfg, Scheduler kScheduler>
@@ -259,6 +314,9 @@ DeviceLimits current_device_limits() {
     int optin = 0;
     check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     check(cudaDeviceGetAttribute(&limits.sms, cudaDevAttrMultiProcessorCount, device));
+    int major = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    limits.dependent_launch = major >= 9;
     limits.smem_per_block_optin = static_cast<std::size_t>(optin);
     if (static_cast<std::size_t>(MediumTile4::smem_bytes) <= limits.smem_per_block_optin) {
       limits.medium4 = true;
@@ -274,21 +332,32 @@ DeviceLimits current_device_limits() {
   });
 }
 
+template <class Cfg, Scheduler kScheduler>
+void launch_persistent(int grid, const Problem& p, bool dependent, cudaStream_t stream) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(Cfg::threads);
+  config.dynamicSmemBytes = Cfg::smem_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = dependent ? 1 : 0;
+  check(cudaLaunchKernelEx(&config, persistent_kernel<Cfg, kScheduler>, p));
+}
+
 template <class Cfg>
-void launch_persistent(Scheduler scheduler, int grid, const Problem& p, cudaStream_t stream) {
+void launch_persistent(Scheduler scheduler, int grid, const Problem& p, bool dependent, cudaStream_t stream) {
   switch (scheduler) {
     case Scheduler::static_round_robin:
-      persistent_kernel<Cfg, Scheduler::static_round_robin><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      launch_persistent<Cfg, Scheduler::static_round_robin>(grid, p, dependent, stream);
       break;
     case Scheduler::dynamic_atomic:
-      persistent_kernel<Cfg, Scheduler::dynamic_atomic><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      launch_persistent<Cfg, Scheduler::dynamic_atomic>(grid, p, dependent, stream);
       break;
-    case Scheduler::stream_k:
-      persistent_kernel<Cfg, Scheduler::stream_k><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
-      break;
-    case Scheduler::split_k_tail:
-      persistent_kernel<Cfg, Scheduler::split_k_tail><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
-      break;
+    case Scheduler::stream_k: launch_persistent<Cfg, Scheduler::stream_k>(grid, p, dependent, stream); break;
+    case Scheduler::split_k_tail: launch_persistent<Cfg, Scheduler::split_k_tail>(grid, p, dependent, stream); break;
   }
 }
 
@@ -329,21 +398,19 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
   const DeviceLimits limits = current_device_limits();
   const WorkspaceLayout layout = layout_of(workspace, shape.experts, grid);
-  prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(offsets, shape.experts, static_cast<int>(shape.m_total),
-                                                  layout.tile_prefix, layout.counters, 1 + arrival_counters(grid));
+  zero_counters_kernel<<<1, kZeroThreads, 0, stream>>>(layout.counters, 1 + arrival_counters(grid));
   check_launch();
   const Problem p{
-      a, w, c, offsets, layout.tile_prefix, layout.counters, layout.partials, shape.experts,
+      a, w, c, offsets, layout.prefixes, layout.prefix_stride, layout.counters, layout.partials, shape.experts,
       static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
       ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m, options.stream_k_max_tail_percent,
       // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
       shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.claim_tail, options.phase_stamps};
   if (limits.medium4) {
-    launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
+    launch_persistent<MediumTile4>(options.scheduler, grid, p, limits.dependent_launch, stream);
   } else {
-    launch_persistent<MediumTile3>(options.scheduler, grid, p, stream);
+    launch_persistent<MediumTile3>(options.scheduler, grid, p, limits.dependent_launch, stream);
   }
-  check_launch();
 }
 
 }  // namespace kc::ch06

@@ -86,10 +86,10 @@ int persistent_slots(Scheduler scheduler);
 /// (at least 1). Host-only.
 int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler);
 
-/// Device workspace for a launch on @p grid blocks, pure arithmetic (CPU-tested): the tile prefix
-/// ((E + 1) int32), the dynamic counter and the Stream-K arrival counters (1 + 2·grid·8 int32), the
-/// Stream-K partial tiles (grid × 128 × 128 fp32: one per block), each part rounded up to 256 bytes. Throws
-/// kc::InvalidArgument for a bad shape.experts or grid < 1.
+/// Device workspace for a launch on @p grid blocks, pure arithmetic (CPU-tested): one copy of the
+/// m-tile prefix per block (grid × (E + 1) int32, each row rounded up to 256 bytes), the dynamic counter and the
+/// Stream-K arrival counters (1 + 2·grid·8 int32), the Stream-K partial tiles (grid × 128 × 128 fp32: one per block),
+/// each part rounded up to 256 bytes. Throws kc::InvalidArgument for a bad shape.experts or grid < 1.
 std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid);
 
 /// Workspace grouped_gemm_persistent() needs on the current device, for any scheduler (the largest
@@ -104,9 +104,11 @@ void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloa
                                  const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
                                  int grid);
 
-/// The grouped GEMM on a persistent grid. One small kernel turns the device offsets into the
-/// m-tile prefix (and zeroes the schedulers' counters); the persistent kernel then loops over the
-/// tiles with @p options.scheduler. Validates first (Chapter 5's rules and the options above),
+/// The grouped GEMM on a persistent grid. Each block of the persistent kernel turns the device
+/// offsets into its own copy of the m-tile prefix, then loops over the tiles with
+/// @p options.scheduler. A one-block kernel ahead of it zeroes the schedulers' counters; on sm_90
+/// the persistent kernel is its programmatic dependent, so it starts at once and waits for the
+/// zeroing only where it first uses a counter. Validates first (Chapter 5's rules and the options above),
 /// launches nothing on bad input.
 /// @param shape sizes
 /// @param a [M_total, K] permuted tokens

@@ -27,7 +27,9 @@ std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid) 
                           std::to_string(ch05::kMaxExperts) + "]");
   }
   if (grid < 1) throw InvalidArgument("grid (" + std::to_string(grid) + ") must be >= 1");
-  const std::size_t prefix = round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
+  // Every block keeps its own copy of the m-tile prefix: grid rows of E + 1 int32.
+  const std::size_t prefix =
+      static_cast<std::size_t>(grid) * round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
   const std::size_t counters = round_up_256(static_cast<std::size_t>(1 + arrival_counters(grid)) * 4);
   const std::size_t partials = static_cast<std::size_t>(partial_slots(grid)) * ch05::kBlockM * ch05::kBlockN * 4;
   return prefix + counters + partials;
