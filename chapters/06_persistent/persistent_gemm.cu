@@ -1,14 +1,15 @@
-// Persistent grouped GEMM: a grid of SMs × blocks-per-SM blocks that loop over Chapter 5's tiles.
+// Persistent grouped GEMM: a grid of SMs × blocks-per-SM blocks that loop over Chapter 5's tiles,
+// in one launch and no kernel in front of it.
 //
-//   1. zero_counters_kernel (one block): zeroes the schedulers' counters. It runs before the GEMM on
-//      the same stream, and on sm_90 it lets the GEMM start at once (programmatic dependent launch):
-//      the GEMM waits for it only where it first touches a counter, tens of microseconds later, so
-//      neither its launch nor its run is on the critical path.
-//   2. persistent_kernel<Cfg, scheduler>: every block first computes its own copy of the m-tile
-//      prefix over experts from the device offsets (Chapter 5's prefix, which Chapter 5 computes in
-//      a kernel of its own), then loops over tiles in Chapter 5's grouped order and runs Chapter 2's
-//      block tile on each, with a __syncthreads() between two tiles (the next tile's copies
-//      overwrite the shared memory the last one read).
+//   - Every block first computes its own copy of the m-tile prefix over experts from the device
+//     offsets (Chapter 5 computes it once, in a kernel of its own, before the GEMM).
+//   - The schedulers' counters are left at zero by every launch: the thread that draws a counter's
+//     last ticket, and each owner warp once its partners are in, set their words back to zero. So
+//     nothing has to zero them in front of the next launch; a workspace is zeroed once, when it is
+//     new (grouped_gemm_persistent_workspace_init).
+//   - persistent_kernel<Cfg, scheduler>: every block loops over tiles in Chapter 5's grouped order
+//     and runs Chapter 2's block tile on each, with a __syncthreads() between two tiles (the next
+//     tile's copies overwrite the shared memory the last one read).
 //        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
 //        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
 //        stream_k: whole tiles round-robin, then this block's range of the last wave's k-slices;
@@ -36,14 +37,13 @@ using ch02::block::NoEpilogue;
 using ch05::kBlockM;
 using ch05::kBlockN;
 
-constexpr int kZeroThreads = 256;
 constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile
 
 // Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
 struct WorkspaceLayout {
+  std::int32_t* counters;  // counter_words(): [0] ticket counter; [1 + 8·s + w] warp w's arrivals at Stream-K tile s
   std::int32_t* prefixes;  // [grid][prefix_stride]: block b's copy of the m-tile prefix ([E + 1]) in row b
   int prefix_stride;       // int32 from one copy to the next (a multiple of 64: 256-byte rows)
-  std::int32_t* counters;  // [0]: dynamic ticket counter; [1 + 8·s + w]: warp w's arrivals at Stream-K tile s
   float* partials;         // [grid][128 × 128]: block b's partial in slot b (partial_slot)
 };
 
@@ -51,38 +51,12 @@ std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; 
 
 WorkspaceLayout layout_of(void* workspace, int experts, int grid) {
   auto* base = static_cast<unsigned char*>(workspace);
+  const std::size_t counter_bytes = round_up_256(static_cast<std::size_t>(counter_words()) * sizeof(std::int32_t));
   const std::size_t prefix_row = round_up_256(static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t));
   const std::size_t prefix_bytes = static_cast<std::size_t>(grid) * prefix_row;
-  const std::size_t counter_bytes =
-      round_up_256(static_cast<std::size_t>(1 + arrival_counters(grid)) * sizeof(std::int32_t));
-  return {reinterpret_cast<std::int32_t*>(base), static_cast<int>(prefix_row / sizeof(std::int32_t)),
-          reinterpret_cast<std::int32_t*>(base + prefix_bytes),
-          reinterpret_cast<float*>(base + prefix_bytes + counter_bytes)};
-}
-
-// Programmatic dependent launch (Chapters 4 and 7 use it too). The GEMM is launched with the
-// attribute "programmatic stream serialization", so it may start once every block of the kernel
-// before it (zero_counters_kernel) has run griddepcontrol.launch_dependents, instead of after that
-// kernel has finished. griddepcontrol.wait, in the GEMM, returns once that kernel has finished and
-// its stores are visible. Both compile to nothing before sm_90, where the launch is an ordinary one.
-__device__ __forceinline__ void let_the_gemm_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_zeroed_counters() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// The counters of the schedulers, zeroed for this launch. Only the GEMM after it reads them, and
-// only after wait_for_zeroed_counters(); everything the GEMM reads before that (A, W, the offsets)
-// was written by kernels that finished before this one started.
-__global__ void __launch_bounds__(kZeroThreads) zero_counters_kernel(std::int32_t* __restrict__ counters, int count) {
-  let_the_gemm_start();
-  for (int i = static_cast<int>(threadIdx.x); i < count; i += kZeroThreads) counters[i] = 0;
+  return {reinterpret_cast<std::int32_t*>(base), reinterpret_cast<std::int32_t*>(base + counter_bytes),
+          static_cast<int>(prefix_row / sizeof(std::int32_t)),
+          reinterpret_cast<float*>(base + counter_bytes + prefix_bytes)};
 }
 
 struct Problem {
@@ -90,9 +64,9 @@ struct Problem {
   const __nv_bfloat16* w;
   __nv_bfloat16* c;
   const std::int32_t* offsets;
+  std::int32_t* counters;  // WorkspaceLayout::counters: zero at the start of a launch, and again at its end
   std::int32_t* prefixes;  // WorkspaceLayout::prefixes: each block writes and reads its own row
   int prefix_stride;
-  std::int32_t* counters;
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
@@ -188,6 +162,9 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
                                          static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
                                               p.paired, owner, unit.k_begin, unit.k_end);
+    // Every partner's warp w has counted itself in, and lane 0 of this warp w has seen it: no one
+    // touches counter w again in this launch, so it goes back to zero for the next one.
+    if (threadIdx.x % 32 == 0) arrivals[threadIdx.x / 32] = 0;
     stamp(p, kStampFixUpDone);
     return;
   }
@@ -208,7 +185,6 @@ __device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_bl
     if (is_whole(plan, unit)) {
       whole_tile<Cfg>(p, unit.tile);
     } else {
-      wait_for_zeroed_counters();  // the split tile's arrival counters
       stream_k_unit<Cfg>(p, plan, unit, plan_block);
     }
     __syncthreads();
@@ -226,14 +202,16 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
       whole_tile<Cfg>(p, tile);
       __syncthreads();  // every warp is done with shared memory before the next tile's copies
     }
-    wait_for_zeroed_counters();  // no counter here: the launch simply never ends before the kernel before it
   } else if constexpr (kScheduler == Scheduler::dynamic_atomic) {
     __shared__ int claimed;
     int tile = block;
     while (tile < tiles) {
       whole_tile<Cfg>(p, tile);
-      wait_for_zeroed_counters();  // returns at once from the second tile on
-      if (threadIdx.x == 0) claimed = dynamic_tile_of_ticket(grid, atomicAdd(&p.counters[0], 1));
+      if (threadIdx.x == 0) {
+        const int ticket = atomicAdd(&p.counters[0], 1);
+        if (ticket == dynamic_tickets(tiles) - 1) atomicExch(&p.counters[0], 0);  // the launch's last ticket
+        claimed = dynamic_tile_of_ticket(grid, ticket);
+      }
       __syncthreads();  // `claimed` is visible, and shared memory is free
       tile = claimed;
       __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
@@ -255,10 +233,12 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
         __syncthreads();
       }
       stamp(p, kStampWholeDone);
-      wait_for_zeroed_counters();  // the ticket counter and the arrival counters
       __shared__ int claimed;
       while (true) {
-        if (threadIdx.x == 0) claimed = atomicAdd(&p.counters[0], 1);
+        if (threadIdx.x == 0) {
+          claimed = atomicAdd(&p.counters[0], 1);
+          if (claimed == claimed_tail_tickets(plan) - 1) atomicExch(&p.counters[0], 0);  // the launch's last ticket
+        }
         __syncthreads();
         const int plan_block = claimed;
         __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
@@ -274,7 +254,6 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
       return;
     }
     run_units<Cfg>(p, plan, block, 0);
-    wait_for_zeroed_counters();  // a block with no split unit still ends after the kernel before it
   }
 }
 
@@ -283,9 +262,8 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
 struct DeviceLimits {
   std::size_t smem_per_block_optin = 0;
   int sms = 0;
-  bool dependent_launch = false;  // sm_90 on: griddepcontrol, the GEMM launched early
-  bool medium4 = false;           // MediumTile4 fits (else MediumTile3)
-  int slots[kSchedulers] = {};    // SMs × blocks per SM, per Scheduler
+  bool medium4 = false;         // MediumTile4 fits (else MediumTile3)
+  int slots[kSchedulers] = {};  // SMs × blocks per SM, per Scheduler
 };
 
 template <class Cfg, Scheduler kScheduler>
@@ -314,9 +292,6 @@ DeviceLimits current_device_limits() {
     int optin = 0;
     check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     check(cudaDeviceGetAttribute(&limits.sms, cudaDevAttrMultiProcessorCount, device));
-    int major = 0;
-    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    limits.dependent_launch = major >= 9;
     limits.smem_per_block_optin = static_cast<std::size_t>(optin);
     if (static_cast<std::size_t>(MediumTile4::smem_bytes) <= limits.smem_per_block_optin) {
       limits.medium4 = true;
@@ -332,32 +307,21 @@ DeviceLimits current_device_limits() {
   });
 }
 
-template <class Cfg, Scheduler kScheduler>
-void launch_persistent(int grid, const Problem& p, bool dependent, cudaStream_t stream) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(Cfg::threads);
-  config.dynamicSmemBytes = Cfg::smem_bytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = dependent ? 1 : 0;
-  check(cudaLaunchKernelEx(&config, persistent_kernel<Cfg, kScheduler>, p));
-}
-
 template <class Cfg>
-void launch_persistent(Scheduler scheduler, int grid, const Problem& p, bool dependent, cudaStream_t stream) {
+void launch_persistent(Scheduler scheduler, int grid, const Problem& p, cudaStream_t stream) {
   switch (scheduler) {
     case Scheduler::static_round_robin:
-      launch_persistent<Cfg, Scheduler::static_round_robin>(grid, p, dependent, stream);
+      persistent_kernel<Cfg, Scheduler::static_round_robin><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
       break;
     case Scheduler::dynamic_atomic:
-      launch_persistent<Cfg, Scheduler::dynamic_atomic>(grid, p, dependent, stream);
+      persistent_kernel<Cfg, Scheduler::dynamic_atomic><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
       break;
-    case Scheduler::stream_k: launch_persistent<Cfg, Scheduler::stream_k>(grid, p, dependent, stream); break;
-    case Scheduler::split_k_tail: launch_persistent<Cfg, Scheduler::split_k_tail>(grid, p, dependent, stream); break;
+    case Scheduler::stream_k:
+      persistent_kernel<Cfg, Scheduler::stream_k><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      break;
+    case Scheduler::split_k_tail:
+      persistent_kernel<Cfg, Scheduler::split_k_tail><<<grid, Cfg::threads, Cfg::smem_bytes, stream>>>(p);
+      break;
   }
 }
 
@@ -380,6 +344,11 @@ std::size_t grouped_gemm_persistent_workspace_bytes(const GroupedGemmShape& shap
   return persistent_workspace_bytes(shape, grid);
 }
 
+void grouped_gemm_persistent_workspace_init(void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  validate_workspace_init(workspace, workspace_bytes);
+  check(cudaMemsetAsync(workspace, 0, workspace_counter_bytes(), stream));
+}
+
 int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler) {
   const std::int64_t bound = ch05::grouped_gemm_grid_blocks(shape);
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(persistent_slots(scheduler), bound)));
@@ -398,19 +367,18 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
   const DeviceLimits limits = current_device_limits();
   const WorkspaceLayout layout = layout_of(workspace, shape.experts, grid);
-  zero_counters_kernel<<<1, kZeroThreads, 0, stream>>>(layout.counters, 1 + arrival_counters(grid));
-  check_launch();
   const Problem p{
-      a, w, c, offsets, layout.prefixes, layout.prefix_stride, layout.counters, layout.partials, shape.experts,
+      a, w, c, offsets, layout.counters, layout.prefixes, layout.prefix_stride, layout.partials, shape.experts,
       static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
       ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m, options.stream_k_max_tail_percent,
       // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
       shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.claim_tail, options.phase_stamps};
   if (limits.medium4) {
-    launch_persistent<MediumTile4>(options.scheduler, grid, p, limits.dependent_launch, stream);
+    launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
   } else {
-    launch_persistent<MediumTile3>(options.scheduler, grid, p, limits.dependent_launch, stream);
+    launch_persistent<MediumTile3>(options.scheduler, grid, p, stream);
   }
+  check_launch();
 }
 
 }  // namespace kc::ch06
