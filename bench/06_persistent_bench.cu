@@ -133,6 +133,8 @@ void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   kc::DeviceBuffer<std::int32_t> offsets(offsets_init);
   kc::DeviceBuffer<unsigned char> workspace(
       std::max(kc::ch05::grouped_gemm_workspace_bytes(s), kc::ch06::grouped_gemm_persistent_workspace_bytes(s)));
+  // Zeroed once, when new (Chapter 6's counters; every launch leaves them at zero again).
+  kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.size());
   kc::fill_uniform_device(a.data(), a.size(), 1, -1.0, 1.0);
   kc::fill_uniform_device(w.data(), w.size(), 2, -1.0, 1.0);
   cudaStream_t stream;

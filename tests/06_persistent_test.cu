@@ -141,6 +141,7 @@ TEST(PersistentSchedule, DynamicCoversEveryTileOnceInAnyOrder) {
     }
     ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }))
         << "tiles " << tiles << " grid " << grid;
+    ASSERT_EQ(counter, kc::ch06::dynamic_tickets(tiles)) << "the last ticket resets the counter";
   }
 }
 
@@ -298,11 +299,14 @@ TEST(PersistentSchedule, StreamKPlansOfTheTailCases) {
 TEST(PersistentArguments, RulesAndWorkspace) {
   HostBuffer c;
   const GroupedGemmShape ok{4, 4, 8, 8};
-  // prefix 256 + counters round_up(4 · (1 + 264 tiles · 8 warps)) = 8704 + one 64 KiB partial tile
-  // per block.
-  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 256u + 8704u + 132u * 65536u);
-  EXPECT_EQ(kc::ch06::persistent_workspace_bytes({4, 4, 8, 300}, 1), 1280u + 256u + 1u * 65536u);
-  expect_invalid_argument([&] { kc::ch06::persistent_workspace_bytes(ok, 0); }, "grid (0) must be >= 1");
+  // The counters first, sized for the largest grid: round_up(4 · (1 + 2 · 4096 blocks · 8 warps)) =
+  // 262400 bytes; then a 256-byte prefix row per block and one 64 KiB partial tile per block.
+  EXPECT_EQ(kc::ch06::counter_words(), 1 + 2 * kc::ch06::kMaxPersistentGrid * 8);
+  EXPECT_EQ(kc::ch06::workspace_counter_bytes(), 262400u);
+  EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 262400u + 132u * 256u + 132u * 65536u);
+  EXPECT_EQ(kc::ch06::persistent_workspace_bytes({4, 4, 8, 300}, 1), 262400u + 1280u + 1u * 65536u);
+  expect_invalid_argument([&] { kc::ch06::persistent_workspace_bytes(ok, 0); }, "grid (0) must be in [1, 4096]");
+  expect_invalid_argument([&] { kc::ch06::persistent_workspace_bytes(ok, 4097); }, "grid (4097) must be in [1, 4096]");
   expect_invalid_argument(
       [&] {
         kc::ch06::persistent_workspace_bytes({4, 4, 8, 0}, 1);
@@ -336,6 +340,16 @@ TEST(PersistentArguments, RulesAndWorkspace) {
                                               bytes, 2);
       },
       "workspace must not overlap c");
+  // Zeroing a new workspace: the same rules, and room for the counters at least.
+  const std::size_t counters = kc::ch06::workspace_counter_bytes();
+  EXPECT_NO_THROW(kc::ch06::validate_workspace_init(workspace.data(), counters));
+  expect_invalid_argument([&] { kc::ch06::validate_workspace_init(nullptr, bytes); }, "workspace must not be null");
+  expect_invalid_argument(
+      [&] { kc::ch06::validate_workspace_init(reinterpret_cast<unsigned char*>(workspace.data()) + 4, bytes); },
+      "workspace must be 16-byte aligned");
+  expect_invalid_argument([&] { kc::ch06::validate_workspace_init(workspace.data(), counters - 1); },
+                          "workspace_bytes (" + std::to_string(counters - 1) +
+                              ") must be >= " + std::to_string(counters) + " (the counters)");
   // Tiles of host group sizes, with empty experts.
   const std::vector<std::int32_t> offsets = kc::ch05::offsets_of_sizes(std::vector<std::int32_t>{300, 0, 128, 1});
   EXPECT_EQ(kc::ch06::grouped_tiles({429, 200, 8, 4}, offsets), 5 * 2);
@@ -371,6 +385,7 @@ std::vector<bf16> run_path(const Problem& p, const Scheduler* scheduler, std::si
     kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size());
   } else {
     kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
+    kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.size());
     kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
                                       workspace.size(),
                                       {*scheduler, kc::ch05::kDefaultGroupM, max_tail_percent, claim_tail});
@@ -452,6 +467,48 @@ TEST_F(PersistentGpu, ClaimingTheTailChangesNoBit) {
   }
 }
 
+// A launch leaves every counter it used at zero (the last ticket's drawer and each owner warp reset
+// theirs), so one workspace, zeroed once when new, serves launches of any shape and grid in a row:
+// here the tail case (every block in a split tile's range), a small problem (a grid of a few
+// blocks) and a mid-sized one, every scheduler with and without a claimed tail, in turns. Each
+// result matches Chapter 5, and the counters read back all zero after every launch.
+TEST_F(PersistentGpu, CountersComeBackZero) {
+  if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
+  const std::uint64_t seed = kc::test::test_seed();
+  const Problem problems[] = {random_problem({384, 384, 384, 384}, 2048, 1024, seed),
+                              random_problem({5, 0, 130}, 136, 520, seed + 1),
+                              random_problem({300, 1, 0, 257, 64}, 1000, 776, seed + 2)};
+  std::size_t bytes = 0;
+  for (const Problem& p : problems) bytes = std::max(bytes, kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
+  kc::DeviceBuffer<std::int32_t> workspace(bytes / sizeof(std::int32_t));
+  kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.bytes());
+  const std::size_t counter_words = kc::ch06::workspace_counter_bytes() / sizeof(std::int32_t);
+  for (int round = 0; round < 2; ++round) {
+    for (const Problem& p : problems) {
+      kc::DeviceBuffer<bf16> a(p.a), w(p.w);
+      kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+      const std::vector<bf16> chapter5 = run_path(p, nullptr);
+      const std::vector<double> chapter5_d = kc::ref::widen(std::span<const bf16>(chapter5));
+      for (Scheduler s : kAll) {
+        for (bool claim : {true, false}) {
+          SCOPED_TRACE(std::string(name_of(s)) + (claim ? " claimed" : " unclaimed") +
+                       " E=" + std::to_string(p.shape.experts) + " round " + std::to_string(round));
+          kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
+          kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                            workspace.bytes(), {s, kc::ch05::kDefaultGroupM, 100, claim});
+          kc::check(cudaDeviceSynchronize());
+          const std::vector<bf16> got = c.to_host();
+          kc::test::expect_close(kc::compare<bf16>(got, chapter5_d, kc::test::kPoisonByte), kTolerance, "vs Chapter 5");
+          const std::vector<std::int32_t> words = workspace.to_host();
+          EXPECT_EQ(std::count(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(counter_words), 0),
+                    static_cast<std::ptrdiff_t>(counter_words))
+              << "a counter was left non-zero";
+        }
+      }
+    }
+  }
+}
+
 TEST_F(PersistentGpu, AllExpertsEmpty) {
   const Problem p = random_problem(std::vector<std::int32_t>(16, 0), 64, 64, 1, 40);
   for (Scheduler s : kAll) {
@@ -495,6 +552,7 @@ TEST_F(PersistentGpu, GraphCapturableAndBitwiseRepeatable) {
   kc::DeviceBuffer<bf16> a(p.a), w(p.w), c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
   kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
+  kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.size());
   for (Scheduler s : kAll) {
     SCOPED_TRACE(name_of(s));
     const PersistentOptions options{s, kc::ch05::kDefaultGroupM, 100};

@@ -1,11 +1,15 @@
-// Persistent grouped GEMM: a grid of SMs × blocks-per-SM blocks that loop over Chapter 5's tiles.
+// Persistent grouped GEMM: a grid of SMs × blocks-per-SM blocks that loop over Chapter 5's tiles,
+// in one launch and no kernel in front of it.
 //
-//   1. prefix_kernel (one block): the m-tile prefix over experts from the device offsets (as in
-//      Chapter 5), and zeroes the schedulers' counters. It runs before the GEMM on the same stream
-//      anyway, so resetting the counters there costs nothing: no cudaMemsetAsync node, no epoch.
-//   2. persistent_kernel<Cfg, scheduler>: every block loops over tiles in Chapter 5's grouped order
-//      and runs Chapter 2's block tile on each, with a __syncthreads() between two tiles (the next
-//      tile's copies overwrite the shared memory the last one read).
+//   - Every block first computes its own copy of the m-tile prefix over experts from the device
+//     offsets (Chapter 5 computes it once, in a kernel of its own, before the GEMM).
+//   - The schedulers' counters are left at zero by every launch: the thread that draws a counter's
+//     last ticket, and each owner warp once its partners are in, set their words back to zero. So
+//     nothing has to zero them in front of the next launch; a workspace is zeroed once, when it is
+//     new (grouped_gemm_persistent_workspace_init).
+//   - persistent_kernel<Cfg, scheduler>: every block loops over tiles in Chapter 5's grouped order
+//     and runs Chapter 2's block tile on each, with a __syncthreads() between two tiles (the next
+//     tile's copies overwrite the shared memory the last one read).
 //        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
 //        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
 //        stream_k: whole tiles round-robin, then this block's range of the last wave's k-slices;
@@ -33,44 +37,26 @@ using ch02::block::NoEpilogue;
 using ch05::kBlockM;
 using ch05::kBlockN;
 
-constexpr int kPrefixThreads = ch05::kMaxExperts;  // one expert per thread
-constexpr int kTileFloats = kBlockM * kBlockN;     // one fp32 partial tile
+constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile
 
 // Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
 struct WorkspaceLayout {
-  std::int32_t* tile_prefix;  // [E + 1]
-  std::int32_t* counters;     // [0]: dynamic ticket counter; [1 + 8·s + w]: warp w's arrivals at Stream-K tile s
-  float* partials;            // [grid][128 × 128]: block b's partial in slot b (partial_slot)
+  std::int32_t* counters;  // counter_words(): [0] ticket counter; [1 + 8·s + w] warp w's arrivals at Stream-K tile s
+  std::int32_t* prefixes;  // [grid][prefix_stride]: block b's copy of the m-tile prefix ([E + 1]) in row b
+  int prefix_stride;       // int32 from one copy to the next (a multiple of 64: 256-byte rows)
+  float* partials;         // [grid][128 × 128]: block b's partial in slot b (partial_slot)
 };
 
 std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 WorkspaceLayout layout_of(void* workspace, int experts, int grid) {
   auto* base = static_cast<unsigned char*>(workspace);
-  const std::size_t prefix_bytes = round_up_256(static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t));
-  const std::size_t counter_bytes =
-      round_up_256(static_cast<std::size_t>(1 + arrival_counters(grid)) * sizeof(std::int32_t));
-  return {reinterpret_cast<std::int32_t*>(base), reinterpret_cast<std::int32_t*>(base + prefix_bytes),
-          reinterpret_cast<float*>(base + prefix_bytes + counter_bytes)};
-}
-
-__global__ void __launch_bounds__(kPrefixThreads)
-    prefix_kernel(const std::int32_t* __restrict__ offsets, int experts, int m_total,
-                  std::int32_t* __restrict__ tile_prefix, std::int32_t* __restrict__ counters, int counter_count) {
-  using Scan = cub::BlockScan<int, kPrefixThreads>;
-  __shared__ typename Scan::TempStorage scratch;
-  const int e = static_cast<int>(threadIdx.x);
-  int tiles = 0;
-  if (e < experts) {
-    int begin = 0, end = 0;
-    ch05::expert_rows(offsets, e, m_total, begin, end);
-    tiles = ch05::m_tiles_of(end - begin, kBlockM);
-  }
-  int inclusive = 0;
-  Scan(scratch).InclusiveSum(tiles, inclusive);
-  if (e < experts) tile_prefix[e + 1] = inclusive;
-  if (e == 0) tile_prefix[0] = 0;
-  for (int i = e; i < counter_count; i += kPrefixThreads) counters[i] = 0;
+  const std::size_t counter_bytes = round_up_256(static_cast<std::size_t>(counter_words()) * sizeof(std::int32_t));
+  const std::size_t prefix_row = round_up_256(static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t));
+  const std::size_t prefix_bytes = static_cast<std::size_t>(grid) * prefix_row;
+  return {reinterpret_cast<std::int32_t*>(base), reinterpret_cast<std::int32_t*>(base + counter_bytes),
+          static_cast<int>(prefix_row / sizeof(std::int32_t)),
+          reinterpret_cast<float*>(base + counter_bytes + prefix_bytes)};
 }
 
 struct Problem {
@@ -78,8 +64,9 @@ struct Problem {
   const __nv_bfloat16* w;
   __nv_bfloat16* c;
   const std::int32_t* offsets;
-  const std::int32_t* tile_prefix;
-  std::int32_t* counters;
+  std::int32_t* counters;  // WorkspaceLayout::counters: zero at the start of a launch, and again at its end
+  std::int32_t* prefixes;  // WorkspaceLayout::prefixes: each block writes and reads its own row
+  int prefix_stride;
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
@@ -95,6 +82,41 @@ __device__ __forceinline__ void stamp(const Problem& p, int point) {
   p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + point] = now;
 }
 
+// This block's copy of the m-tile prefix (its row of the workspace).
+__device__ __forceinline__ std::int32_t* prefix_of_block(const Problem& p) {
+  return p.prefixes + static_cast<std::int64_t>(blockIdx.x) * p.prefix_stride;
+}
+
+// Chapter 5's m-tile prefix over experts (tile_prefix_of), computed by the whole block into its own
+// row: thread t takes experts kPerThread·t ... kPerThread·t + kPerThread - 1, and one block-wide
+// scan adds them up. Every block computes the same numbers; since each one reads only what it wrote,
+// no block waits for another, and no kernel has to run first. Returns the m-tile count.
+template <int kThreads>
+__device__ int compute_tile_prefix(const Problem& p) {
+  constexpr int kPerThread = (ch05::kMaxExperts + kThreads - 1) / kThreads;
+  using Scan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;  // a few words of shared memory
+  __shared__ typename Scan::TempStorage scratch;
+  std::int32_t* prefix = prefix_of_block(p);
+  const int first = static_cast<int>(threadIdx.x) * kPerThread;
+  int tiles[kPerThread];
+  for (int i = 0; i < kPerThread; ++i) {
+    tiles[i] = 0;
+    if (first + i < p.experts) {
+      int begin = 0, end = 0;
+      ch05::expert_rows(p.offsets, first + i, p.m_total, begin, end);
+      tiles[i] = ch05::m_tiles_of(end - begin, kBlockM);
+    }
+  }
+  int m_tiles = 0;
+  Scan(scratch).InclusiveSum(tiles, tiles, m_tiles);
+  for (int i = 0; i < kPerThread; ++i) {
+    if (first + i < p.experts) prefix[first + i + 1] = tiles[i];
+  }
+  if (threadIdx.x == 0) prefix[0] = 0;
+  __syncthreads();  // the row is complete, and its stores are visible to every thread of the block
+  return m_tiles;
+}
+
 // Where linear tile `tile` lies: its expert's A rows and W, C's rows and columns.
 struct TilePlace {
   const __nv_bfloat16* w_expert;
@@ -102,9 +124,10 @@ struct TilePlace {
 };
 
 __device__ TilePlace place_of(const Problem& p, int tile) {
+  const std::int32_t* prefix = prefix_of_block(p);
   const ch05::TileCoord coord =
-      ch05::tile_in_order(ch05::TileOrder::grouped, tile, p.tile_prefix, p.experts, p.tiles_n, p.group_m);
-  const ch05::TileRows rows = ch05::locate(p.offsets, p.tile_prefix, p.experts, p.m_total, kBlockM, coord.m_tile);
+      ch05::tile_in_order(ch05::TileOrder::grouped, tile, prefix, p.experts, p.tiles_n, p.group_m);
+  const ch05::TileRows rows = ch05::locate(p.offsets, prefix, p.experts, p.m_total, kBlockM, coord.m_tile);
   const int col0 = coord.n_tile * kBlockN;
   return {p.w + static_cast<std::int64_t>(rows.expert) * p.n * p.k, rows.row0, col0, rows.rows_left, p.n - col0};
 }
@@ -139,6 +162,9 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
                                          static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
                                               p.paired, owner, unit.k_begin, unit.k_end);
+    // Every partner's warp w has counted itself in, and lane 0 of this warp w has seen it: no one
+    // touches counter w again in this launch, so it goes back to zero for the next one.
+    if (threadIdx.x % 32 == 0) arrivals[threadIdx.x / 32] = 0;
     stamp(p, kStampFixUpDone);
     return;
   }
@@ -167,8 +193,8 @@ __device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_bl
 
 template <class Cfg, Scheduler kScheduler>
 __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem p) {
-  const int m_tiles = p.tile_prefix[p.experts];  // the real m-tile count, known only on the device
-  const int tiles = m_tiles * p.tiles_n;         // <= Chapter 5's grid bound <= 2^31 - 1 (validated)
+  const int m_tiles = compute_tile_prefix<Cfg::threads>(p);  // the real m-tile count, known only on the device
+  const int tiles = m_tiles * p.tiles_n;                     // <= Chapter 5's grid bound <= 2^31 - 1 (validated)
   const int block = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
 
   if constexpr (kScheduler == Scheduler::static_round_robin) {
@@ -181,7 +207,11 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
     int tile = block;
     while (tile < tiles) {
       whole_tile<Cfg>(p, tile);
-      if (threadIdx.x == 0) claimed = dynamic_tile_of_ticket(grid, atomicAdd(&p.counters[0], 1));
+      if (threadIdx.x == 0) {
+        const int ticket = atomicAdd(&p.counters[0], 1);
+        if (ticket == dynamic_tickets(tiles) - 1) atomicExch(&p.counters[0], 0);  // the launch's last ticket
+        claimed = dynamic_tile_of_ticket(grid, ticket);
+      }
       __syncthreads();  // `claimed` is visible, and shared memory is free
       tile = claimed;
       __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
@@ -205,7 +235,10 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
       stamp(p, kStampWholeDone);
       __shared__ int claimed;
       while (true) {
-        if (threadIdx.x == 0) claimed = atomicAdd(&p.counters[0], 1);
+        if (threadIdx.x == 0) {
+          claimed = atomicAdd(&p.counters[0], 1);
+          if (claimed == claimed_tail_tickets(plan) - 1) atomicExch(&p.counters[0], 0);  // the launch's last ticket
+        }
         __syncthreads();
         const int plan_block = claimed;
         __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
@@ -311,6 +344,11 @@ std::size_t grouped_gemm_persistent_workspace_bytes(const GroupedGemmShape& shap
   return persistent_workspace_bytes(shape, grid);
 }
 
+void grouped_gemm_persistent_workspace_init(void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  validate_workspace_init(workspace, workspace_bytes);
+  check(cudaMemsetAsync(workspace, 0, workspace_counter_bytes(), stream));
+}
+
 int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler) {
   const std::int64_t bound = ch05::grouped_gemm_grid_blocks(shape);
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(persistent_slots(scheduler), bound)));
@@ -329,11 +367,8 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
   const DeviceLimits limits = current_device_limits();
   const WorkspaceLayout layout = layout_of(workspace, shape.experts, grid);
-  prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(offsets, shape.experts, static_cast<int>(shape.m_total),
-                                                  layout.tile_prefix, layout.counters, 1 + arrival_counters(grid));
-  check_launch();
   const Problem p{
-      a, w, c, offsets, layout.tile_prefix, layout.counters, layout.partials, shape.experts,
+      a, w, c, offsets, layout.counters, layout.prefixes, layout.prefix_stride, layout.partials, shape.experts,
       static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
       ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m, options.stream_k_max_tail_percent,
       // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.

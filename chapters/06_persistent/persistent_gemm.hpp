@@ -86,11 +86,30 @@ int persistent_slots(Scheduler scheduler);
 /// (at least 1). Host-only.
 int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler);
 
-/// Device workspace for a launch on @p grid blocks, pure arithmetic (CPU-tested): the tile prefix
-/// ((E + 1) int32), the dynamic counter and the Stream-K arrival counters (1 + 2·grid·8 int32), the
-/// Stream-K partial tiles (grid × 128 × 128 fp32: one per block), each part rounded up to 256 bytes. Throws
-/// kc::InvalidArgument for a bad shape.experts or grid < 1.
+/// Device workspace for a launch on @p grid blocks, pure arithmetic (CPU-tested): the schedulers'
+/// counters (workspace_counter_bytes(), first, the same for every shape), one copy of the m-tile
+/// prefix per block (grid × (E + 1) int32, each row rounded up to 256 bytes), and the Stream-K
+/// partial tiles (grid × 128 × 128 fp32: one per block). Throws kc::InvalidArgument for a bad
+/// shape.experts or a grid outside [1, kMaxPersistentGrid].
 std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid);
+
+/// Bytes at the start of every workspace that hold the schedulers' counters
+/// (counter_words() int32, rounded up to 256 bytes): the part that must be zero before a launch.
+std::size_t workspace_counter_bytes();
+
+/// Checks what grouped_gemm_persistent_workspace_init() needs: a non-null, 16-byte aligned
+/// workspace of at least workspace_counter_bytes() bytes. Host-only; throws kc::InvalidArgument
+/// naming the argument and rule.
+void validate_workspace_init(const void* workspace, std::size_t workspace_bytes);
+
+/// Zeroes a new workspace's counters (one cudaMemsetAsync on @p stream). Call it once, after
+/// allocating the workspace and before its first grouped_gemm_persistent(): every launch leaves the
+/// counters at zero again, so the launches themselves need nothing in front of them.
+/// @param workspace device scratch of grouped_gemm_persistent_workspace_bytes(shape)
+/// @param workspace_bytes its size
+/// @param stream the stream to enqueue on
+void grouped_gemm_persistent_workspace_init(void* workspace, std::size_t workspace_bytes,
+                                            cudaStream_t stream = nullptr);
 
 /// Workspace grouped_gemm_persistent() needs on the current device, for any scheduler (the largest
 /// grid of the four). Host-only.
@@ -104,16 +123,19 @@ void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloa
                                  const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
                                  int grid);
 
-/// The grouped GEMM on a persistent grid. One small kernel turns the device offsets into the
-/// m-tile prefix (and zeroes the schedulers' counters); the persistent kernel then loops over the
-/// tiles with @p options.scheduler. Validates first (Chapter 5's rules and the options above),
-/// launches nothing on bad input.
+/// The grouped GEMM on a persistent grid, in one launch. Each block turns the device offsets into
+/// its own copy of the m-tile prefix, then loops over the tiles with @p options.scheduler; the
+/// launch leaves the schedulers' counters at zero for the next one. Validates first (Chapter 5's
+/// rules and the options above), launches nothing on bad input. The workspace must have been
+/// zeroed once by grouped_gemm_persistent_workspace_init(), and two launches that run at the same
+/// time (on two streams) need two workspaces.
 /// @param shape sizes
 /// @param a [M_total, K] permuted tokens
 /// @param w [E, N, K] expert weights
 /// @param c [M_total, N] output
 /// @param offsets [E + 1] device row offsets
-/// @param workspace device scratch of grouped_gemm_persistent_workspace_bytes(shape), 16-byte aligned
+/// @param workspace device scratch of grouped_gemm_persistent_workspace_bytes(shape), 16-byte aligned,
+/// initialised once (grouped_gemm_persistent_workspace_init)
 /// @param workspace_bytes its size
 /// @param options scheduler, tile order, Stream-K threshold
 /// @param stream the stream to enqueue on

@@ -21,16 +21,35 @@ bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t
 
 }  // namespace
 
+std::size_t workspace_counter_bytes() {
+  return round_up_256(static_cast<std::size_t>(counter_words()) * sizeof(std::int32_t));
+}
+
 std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid) {
   if (shape.experts < 1 || shape.experts > ch05::kMaxExperts) {
     throw InvalidArgument("shape.experts (" + std::to_string(shape.experts) + ") must be in [1, " +
                           std::to_string(ch05::kMaxExperts) + "]");
   }
-  if (grid < 1) throw InvalidArgument("grid (" + std::to_string(grid) + ") must be >= 1");
-  const std::size_t prefix = round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
-  const std::size_t counters = round_up_256(static_cast<std::size_t>(1 + arrival_counters(grid)) * 4);
+  if (grid < 1 || grid > kMaxPersistentGrid) {
+    throw InvalidArgument("grid (" + std::to_string(grid) + ") must be in [1, " + std::to_string(kMaxPersistentGrid) +
+                          "]");
+  }
+  // Every block keeps its own copy of the m-tile prefix: grid rows of E + 1 int32.
+  const std::size_t prefixes =
+      static_cast<std::size_t>(grid) * round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
   const std::size_t partials = static_cast<std::size_t>(partial_slots(grid)) * ch05::kBlockM * ch05::kBlockN * 4;
-  return prefix + counters + partials;
+  return workspace_counter_bytes() + prefixes + partials;
+}
+
+void validate_workspace_init(const void* workspace, std::size_t workspace_bytes) {
+  if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
+    throw InvalidArgument("workspace must be 16-byte aligned (float4 partial tiles)");
+  }
+  if (workspace_bytes < workspace_counter_bytes()) {
+    throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) +
+                          ") must be >= " + std::to_string(workspace_counter_bytes()) + " (the counters)");
+  }
 }
 
 void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,

@@ -90,6 +90,11 @@ __host__ __device__ constexpr int static_tile(int grid, int block, int i) { retu
 /// claimed exactly once does not (the counter hands out each ticket once).
 __host__ __device__ constexpr int dynamic_tile_of_ticket(int grid, int ticket) { return grid + ticket; }
 
+/// Tickets the dynamic scheduler draws in one launch of @p tiles tiles: one after every tile a
+/// block finishes, so exactly @p tiles. The thread that draws the last one sets the counter back to
+/// zero, so the next launch finds it zeroed without a kernel or a memset in front.
+__host__ __device__ constexpr int dynamic_tickets(int tiles) { return tiles > 0 ? tiles : 0; }
+
 // -------------------------------------------------------------------------------------- Stream-K
 
 /// The Stream-K schedule of one launch: which tiles are whole, which are shared along K.
@@ -226,5 +231,18 @@ inline constexpr int kArrivalsPerTile = 8;
 /// Arrival counters a launch on @p grid blocks may use: kArrivalsPerTile per Stream-K tile
 /// (fewer than 2 · grid tiles).
 __host__ __device__ constexpr int arrival_counters(int grid) { return 2 * grid * kArrivalsPerTile; }
+
+/// Tickets a claimed tail draws in one launch (PersistentOptions::claim_tail): one per tail range
+/// (ticket r names plan block r's range), plus one per block that finds none left and stops. The
+/// thread that draws the last one sets the counter back to zero.
+__host__ __device__ constexpr int claimed_tail_tickets(const StreamKPlan& p) { return p.sk_blocks + p.grid; }
+
+/// The largest grid a workspace is laid out for. Its counters (the ticket counter, then the arrival
+/// counters) come first in every workspace, always this many words, so that launches of any shape
+/// and grid on one workspace use the same words, and no launch ever writes anything else there.
+inline constexpr int kMaxPersistentGrid = 4096;
+
+/// Counter words at the start of every workspace: 1 + arrival_counters(kMaxPersistentGrid).
+__host__ __device__ constexpr int counter_words() { return 1 + arrival_counters(kMaxPersistentGrid); }
 
 }  // namespace kc::ch06
