@@ -19,6 +19,19 @@ bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t
   return x_bytes > 0 && y_bytes > 0 && xs < ys + y_bytes && ys < xs + x_bytes;
 }
 
+// The workspace rules both entry points share: not null, 16-byte aligned, and at least @p needed
+// bytes (@p source names where that number comes from).
+void check_workspace(const void* workspace, std::size_t workspace_bytes, std::size_t needed, const char* source) {
+  if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
+    throw InvalidArgument("workspace must be 16-byte aligned (float4 partial tiles)");
+  }
+  if (workspace_bytes < needed) {
+    throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) +
+                          ") must be >= " + std::to_string(needed) + " (" + source + ")");
+  }
+}
+
 }  // namespace
 
 std::size_t workspace_counter_bytes() {
@@ -42,14 +55,7 @@ std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid) 
 }
 
 void validate_workspace_init(const void* workspace, std::size_t workspace_bytes) {
-  if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
-  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
-    throw InvalidArgument("workspace must be 16-byte aligned (float4 partial tiles)");
-  }
-  if (workspace_bytes < workspace_counter_bytes()) {
-    throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) +
-                          ") must be >= " + std::to_string(workspace_counter_bytes()) + " (the counters)");
-  }
+  check_workspace(workspace, workspace_bytes, workspace_counter_bytes(), "the counters");
 }
 
 void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
@@ -67,14 +73,7 @@ void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloa
                           ") must be in [0, 100]");
   }
   const std::size_t needed = persistent_workspace_bytes(shape, grid);
-  if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
-  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
-    throw InvalidArgument("workspace must be 16-byte aligned (float4 partial tiles)");
-  }
-  if (workspace_bytes < needed) {
-    throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) +
-                          ") must be >= " + std::to_string(needed) + " (grouped_gemm_persistent_workspace_bytes)");
-  }
+  check_workspace(workspace, workspace_bytes, needed, "grouped_gemm_persistent_workspace_bytes");
   const auto c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(shape.n) * 2;
   if (overlaps(c, c_bytes, workspace, needed)) throw InvalidArgument("workspace must not overlap c");
 }
