@@ -303,6 +303,10 @@ TEST(PersistentArguments, RulesAndWorkspace) {
   // 262400 bytes; then a 256-byte prefix row per block and one 64 KiB partial tile per block.
   EXPECT_EQ(kc::ch06::counter_words(), 1 + 2 * kc::ch06::kMaxPersistentGrid * 8);
   EXPECT_EQ(kc::ch06::workspace_counter_bytes(), 262400u);
+  EXPECT_EQ(kc::ch06::workspace_prefix_row_bytes(4), 256u);   // 5 int32
+  EXPECT_EQ(kc::ch06::workspace_prefix_row_bytes(63), 256u);  // 64 int32, exactly one row
+  EXPECT_EQ(kc::ch06::workspace_prefix_row_bytes(64), 512u);  // 65 int32
+  EXPECT_EQ(kc::ch06::workspace_prefix_row_bytes(300), 1280u);
   EXPECT_EQ(kc::ch06::persistent_workspace_bytes(ok, 132), 262400u + 132u * 256u + 132u * 65536u);
   EXPECT_EQ(kc::ch06::persistent_workspace_bytes({4, 4, 8, 300}, 1), 262400u + 1280u + 1u * 65536u);
   expect_invalid_argument([&] { kc::ch06::persistent_workspace_bytes(ok, 0); }, "grid (0) must be in [1, 4096]");

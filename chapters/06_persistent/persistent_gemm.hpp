@@ -97,6 +97,10 @@ std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid);
 /// (counter_words() int32, rounded up to 256 bytes): the part that must be zero before a launch.
 std::size_t workspace_counter_bytes();
 
+/// Bytes of one block's copy of the m-tile prefix in the workspace: @p experts + 1 int32, rounded
+/// up to 256 bytes (the rows follow the counters, one per block).
+std::size_t workspace_prefix_row_bytes(int experts);
+
 /// Checks what grouped_gemm_persistent_workspace_init() needs: a non-null, 16-byte aligned
 /// workspace of at least workspace_counter_bytes() bytes. Host-only; throws kc::InvalidArgument
 /// naming the argument and rule.

@@ -38,6 +38,10 @@ std::size_t workspace_counter_bytes() {
   return round_up_256(static_cast<std::size_t>(counter_words()) * sizeof(std::int32_t));
 }
 
+std::size_t workspace_prefix_row_bytes(int experts) {
+  return round_up_256(static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t));
+}
+
 std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid) {
   if (shape.experts < 1 || shape.experts > ch05::kMaxExperts) {
     throw InvalidArgument("shape.experts (" + std::to_string(shape.experts) + ") must be in [1, " +
@@ -48,8 +52,7 @@ std::size_t persistent_workspace_bytes(const GroupedGemmShape& shape, int grid) 
                           "]");
   }
   // Every block keeps its own copy of the m-tile prefix: grid rows of E + 1 int32.
-  const std::size_t prefixes =
-      static_cast<std::size_t>(grid) * round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
+  const std::size_t prefixes = static_cast<std::size_t>(grid) * workspace_prefix_row_bytes(shape.experts);
   const std::size_t partials = static_cast<std::size_t>(partial_slots(grid)) * ch05::kBlockM * ch05::kBlockN * 4;
   return workspace_counter_bytes() + prefixes + partials;
 }

@@ -41,7 +41,8 @@ using ch05::kBlockN;
 
 [[maybe_unused]] constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile (TODO 3 uses it)
 
-// Where the parts of the workspace are (persistent_workspace_bytes has the same arithmetic).
+// Where the parts of the workspace are. The sizes are the host's (workspace_counter_bytes,
+// workspace_prefix_row_bytes), the same ones persistent_workspace_bytes adds up and the CPU tests check.
 struct WorkspaceLayout {
   std::int32_t* counters;  // counter_words(): [0] ticket counter; [1 + 8·s + w] warp w's arrivals at Stream-K tile s
   std::int32_t* prefixes;  // [grid][prefix_stride]: block b's copy of the m-tile prefix ([E + 1]) in row b
@@ -49,12 +50,10 @@ struct WorkspaceLayout {
   float* partials;         // [grid][128 × 128]: block b's partial in slot b (partial_slot)
 };
 
-std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 WorkspaceLayout layout_of(void* workspace, int experts, int grid) {
   auto* base = static_cast<unsigned char*>(workspace);
-  const std::size_t counter_bytes = round_up_256(static_cast<std::size_t>(counter_words()) * sizeof(std::int32_t));
-  const std::size_t prefix_row = round_up_256(static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t));
+  const std::size_t counter_bytes = workspace_counter_bytes();
+  const std::size_t prefix_row = workspace_prefix_row_bytes(experts);
   const std::size_t prefix_bytes = static_cast<std::size_t>(grid) * prefix_row;
   return {reinterpret_cast<std::int32_t*>(base), reinterpret_cast<std::int32_t*>(base + counter_bytes),
           static_cast<int>(prefix_row / sizeof(std::int32_t)),
