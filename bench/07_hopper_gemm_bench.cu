@@ -19,7 +19,7 @@
 // does): the goal is a ratio of medians.
 //
 // Run time at --benchmark_repetitions=5, estimated for an H200: 60 benchmarks × 5 repetitions × ~0.6 s
-// (MinTime 0.5 s of launches of 0.02-2 ms, plus filling up to ~1 GB of rotating inputs) ≈ 180 s.
+// (MinTime 0.2 s of launches of 0.02-2 ms, plus filling up to ~1 GB of rotating inputs) ≈ 180 s.
 #include <cuda_bf16.h>
 
 #include <cstdint>

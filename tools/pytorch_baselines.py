@@ -9,9 +9,14 @@ results tables show PyTorch next to the course's own kernels.
 
 Timing: CUDA events around a batch of launches (one event pair cannot resolve a kernel of a few
 microseconds), the start event queued behind a ~100 µs GPU-side hold (torch.cuda._sleep) as the C++
-benchmarks do, the per-launch time being the batch's time over its launch count; inputs rotate over
-enough independent sets to exceed twice the L2 size (so every launch reads device memory); 3 warm-up
-samples, then ``--repetitions`` timed samples. Counters follow the course's convention:
+benchmarks do; inputs rotate over enough independent sets to exceed twice the L2 size (so every
+launch reads device memory). Like a repetition of the C++ benchmarks (Google Benchmark's MinTime),
+each timed sample runs batches back to back until their GPU time reaches ``MIN_TIME_S`` and gives the
+GPU time per launch over all of them; one untimed sample of the same length goes first. So PyTorch is
+timed in the same steady state as the course's kernels: a GPU running a large GEMM settles at its
+power limit and a lower clock within a few tens of milliseconds, and a burst of a few milliseconds
+would time it at the higher clock it starts with (docs/notes/ch07.md, Session 30).
+``--repetitions`` timed samples follow. Counters follow the course's convention:
 ``bytes_per_second`` counts the case's fewest bytes, ``flops`` the useful floating-point operations.
 
 Each chapter is one function registered in ``BASELINES`` with ``@baseline("chNN")``; later chapters
@@ -35,7 +40,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-WARMUP_SAMPLES = 3
+WARMUP_SAMPLES = 1
+MIN_TIME_S = 0.2  # GPU seconds per sample: kc::bench::configure's MinTime
 DEFAULT_REPETITIONS = 10
 MAX_ROTATION_BYTES = 8 << 30  # cap on the memory that rotating input sets may take
 TIME_UNIT = "us"
@@ -201,6 +207,7 @@ class Env:
     l2_bytes: int
     repetitions: int
     warmup: int = WARMUP_SAMPLES
+    min_time_s: float = MIN_TIME_S
     seed: int = 1234
     log: Callable[[str], None] = print
 
@@ -210,9 +217,11 @@ HOLD_CYCLES = 200_000
 
 
 def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) -> Dict[str, List[float]]:
-    """Times ``env.warmup`` + ``env.repetitions`` samples. A sample is ``batch`` calls, rotating
-    over ``launches`` (one callable per input set), between two CUDA events. Returns the per-launch
-    GPU times and host thread CPU times (seconds) of the timed samples."""
+    """Times ``env.warmup`` untimed and then ``env.repetitions`` timed samples. A sample runs batches
+    of ``batch`` calls, rotating over ``launches`` (one callable per input set), each batch between
+    two CUDA events, until the batches' GPU time reaches ``env.min_time_s`` (at least one batch).
+    Returns, per timed sample, the GPU time and the host thread CPU time per launch (seconds): the
+    sample's totals over its launch count, as Google Benchmark reports a manual-time repetition."""
     torch = env.torch
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
@@ -221,21 +230,27 @@ def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) ->
     times: List[float] = []
     cpu_times: List[float] = []
     for sample in range(env.warmup + env.repetitions):
-        cpu0 = time.thread_time()
-        # As kc::EventTimer does: hold the stream on the GPU for a moment before the start event, so
-        # the start fires once the first launches are queued and the GPU never waits on the host's
-        # cost of the first launch inside the timed span.
-        torch.cuda._sleep(HOLD_CYCLES)
-        start.record()
-        for _ in range(batch):
-            launches[index]()
-            index = index + 1 if index + 1 < count else 0
-        end.record()
-        end.synchronize()
-        cpu1 = time.thread_time()
+        gpu_s = 0.0
+        cpu_s = 0.0
+        launched = 0
+        while launched == 0 or gpu_s < env.min_time_s:
+            cpu0 = time.thread_time()
+            # As kc::EventTimer does: hold the stream on the GPU for a moment before the start event,
+            # so the start fires once the first launches are queued and the GPU never waits on the
+            # host's cost of the first launch inside the timed span.
+            torch.cuda._sleep(HOLD_CYCLES)
+            start.record()
+            for _ in range(batch):
+                launches[index]()
+                index = index + 1 if index + 1 < count else 0
+            end.record()
+            end.synchronize()
+            cpu_s += time.thread_time() - cpu0
+            gpu_s += start.elapsed_time(end) * 1e-3
+            launched += batch
         if sample >= env.warmup:
-            times.append(start.elapsed_time(end) * 1e-3 / batch)
-            cpu_times.append((cpu1 - cpu0) / batch)
+            times.append(gpu_s / launched)
+            cpu_times.append(cpu_s / launched)
     return {"times": times, "cpu_times": cpu_times}
 
 
@@ -467,8 +482,8 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
         t, e, k = case["tokens"], case["experts"], case["k"]
         min_bytes = ch04_min_bytes(t, e, k)
         batch = max(1, min(1024, (1 << 28) // int(min_bytes)))
-        # Small cases would want ~10^6 sets to exceed 2 x L2, more than the timed launches ever
-        # reach: keep the sets that are used, as views into one slab (one allocation, one fill).
+        # Small cases would want ~10^6 sets to exceed 2 x L2: keep at most one batch's sets per
+        # sample, as views into one slab (one allocation, one fill); later batches reuse them.
         sets = min(rotation_sets(int(min_bytes), env.l2_bytes), (env.warmup + env.repetitions) * batch)
         fn = dsv3 if case["dsv3"] else softmax_topk
         slab = torch.empty(sets, t, e, device=env.device, dtype=torch.float32).uniform_(-4.0, 4.0, generator=generator)
@@ -680,6 +695,7 @@ def run(chapters: Sequence[str], out_dir: str, repetitions: int, log: Callable[[
         "gpu_sms": str(props.multi_processor_count),
         "gpu_l2_bytes": str(l2_bytes),
         "cuda_runtime": str(torch.version.cuda),
+        "min_time_s": str(env.min_time_s),
     })
     os.makedirs(out_dir, exist_ok=True)
     written = []

@@ -1,5 +1,5 @@
 """Tests of tools/pytorch_baselines.py that need neither PyTorch nor a GPU: the JSON it writes,
-the sizing rules, the chapter registry and the no-GPU exit."""
+the sizing rules, the chapter registry, the no-GPU exit and the timing loop (on a fake GPU)."""
 
 import contextlib
 import io
@@ -270,3 +270,88 @@ class Ch06HelpersTest(unittest.TestCase):
         self.assertEqual(tiles["tail_G4xM384_N2048_K7168"], 192)
         self.assertEqual(tiles["G256xM128_N4096_K7168"], 8192)
         self.assertIn("ch06", pb.BASELINES)
+
+
+class _FakeEvent:
+    """A CUDA event of the fake torch below: elapsed_time gives the fake GPU's time between two
+    records, in milliseconds, as torch.cuda.Event does."""
+
+    def __init__(self, gpu, enable_timing=False):
+        self.gpu = gpu
+        self.at_ms = None
+
+    def record(self):
+        self.at_ms = self.gpu.now_ms
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return other.at_ms - self.at_ms
+
+
+class _FakeGpu:
+    """Enough of torch for time_samples: launches advance a clock by a per-launch time; the hold
+    (torch.cuda._sleep) advances it too but lies before the start event."""
+
+    def __init__(self, launch_ms):
+        self.now_ms = 0.0
+        self.launch_ms = launch_ms
+        self.calls = []
+        gpu = self
+
+        class Cuda:
+            @staticmethod
+            def Event(enable_timing=False):
+                return _FakeEvent(gpu, enable_timing)
+
+            @staticmethod
+            def _sleep(cycles):
+                gpu.now_ms += 0.1
+
+        class Torch:
+            cuda = Cuda
+
+        self.torch = Torch
+
+    def launch(self, which):
+        def run():
+            self.calls.append(which)
+            self.now_ms += self.launch_ms
+
+        return run
+
+
+class TimeSamplesTest(unittest.TestCase):
+    def env(self, gpu, repetitions, warmup=1, min_time_s=0.2):
+        return pb.Env(torch=gpu.torch, device=None, l2_bytes=0, repetitions=repetitions, warmup=warmup,
+                      min_time_s=min_time_s, log=lambda _: None)
+
+    def test_each_sample_runs_until_its_gpu_time_reaches_min_time(self):
+        gpu = _FakeGpu(launch_ms=0.5)  # 0.5 ms a launch, batches of 4: 2 ms a batch
+        timed = pb.time_samples(self.env(gpu, repetitions=3), [gpu.launch(0), gpu.launch(1)], batch=4)
+        # 0.2 s per sample = 100 batches = 400 launches; one untimed sample first.
+        self.assertEqual(len(gpu.calls), 4 * 400)
+        self.assertEqual(len(timed["times"]), 3)
+        self.assertEqual(len(timed["cpu_times"]), 3)
+        for t in timed["times"]:
+            self.assertAlmostEqual(t, 0.5e-3)  # per launch; the 0.1 ms holds are not timed
+        self.assertEqual(gpu.calls[:4], [0, 1, 0, 1])  # the inputs rotate
+
+    def test_a_launch_longer_than_min_time_still_runs_once_a_sample(self):
+        gpu = _FakeGpu(launch_ms=300.0)
+        timed = pb.time_samples(self.env(gpu, repetitions=2, warmup=0), [gpu.launch(0)], batch=1)
+        self.assertEqual(len(gpu.calls), 2)
+        self.assertEqual([round(t, 6) for t in timed["times"]], [0.3, 0.3])
+
+    def test_the_warm_up_sample_is_not_reported(self):
+        gpu = _FakeGpu(launch_ms=1.0)
+        original = gpu.launch(0)
+
+        def slower_later():
+            original()
+            gpu.launch_ms = 2.0  # every launch after the first takes 2 ms
+
+        timed = pb.time_samples(self.env(gpu, repetitions=1, min_time_s=0.01), [slower_later], batch=1)
+        self.assertEqual(len(timed["times"]), 1)
+        self.assertAlmostEqual(timed["times"][0], 2.0e-3)
