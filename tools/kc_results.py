@@ -677,10 +677,21 @@ def _run_lines(results: ChapterResults) -> List[str]:
     for bench_file in results.files[1:]:
         library = _clean(bench_file.context.get("library"))
         if library:
-            lines.append("- **Baseline:** %s (from %s)" % (library, bench_file.source))
+            lines.append("- **Baseline:** %s (from %s); %s" % (library, bench_file.source,
+                                                              _baseline_timing(bench_file.context)))
     if info["notes"] != UNKNOWN:
         lines.append("- **Notes:** %s" % info["notes"])
     return lines
+
+
+def _baseline_timing(context: Dict[str, Any]) -> str:
+    """How a baseline file's samples were timed, from its context: pytorch_baselines.py records
+    ``min_time_s`` since it times each sample for that long; files without it were timed in short
+    bursts, which read fast wherever the GPU is power-bound (tools/README.md)."""
+    min_time = _clean(context.get("min_time_s"))
+    if min_time:
+        return "each sample at least %s s of GPU time, as the C++ repetitions" % min_time
+    return "timed in bursts of a few milliseconds (the older method: fast where the GPU is power-bound)"
 
 
 def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] = None) -> str:

@@ -304,6 +304,13 @@ class GenerateTest(unittest.TestCase):
         with open(golden, encoding="utf-8", newline="") as f:
             self.assertEqual(text, f.read())
 
+    def test_baseline_line_says_how_the_samples_were_timed(self):
+        steady = kr._baseline_timing({"library": "pytorch 2.11.0", "min_time_s": "0.2"})
+        self.assertEqual(steady, "each sample at least 0.2 s of GPU time, as the C++ repetitions")
+        burst = kr._baseline_timing({"library": "pytorch 2.11.0"})
+        self.assertIn("bursts", burst)
+        self.assertIn("power-bound", burst)
+
     def test_page_content(self):
         self.generate()
         text = self.page()
