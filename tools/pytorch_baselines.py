@@ -12,11 +12,11 @@ microseconds), the start event queued behind a ~100 µs GPU-side hold (torch.cud
 benchmarks do; inputs rotate over enough independent sets to exceed twice the L2 size (so every
 launch reads device memory). Like a repetition of the C++ benchmarks (Google Benchmark's MinTime),
 each timed sample runs batches back to back until their GPU time reaches ``MIN_TIME_S`` and gives the
-GPU time per launch over all of them; one untimed sample of the same length goes first. So PyTorch is
-timed in the same steady state as the course's kernels: a GPU running a large GEMM settles at its
-power limit and a lower clock within a few tens of milliseconds, and a burst of a few milliseconds
-would time it at the higher clock it starts with (docs/notes/ch07.md, Session 30).
-``--repetitions`` timed samples follow. Counters follow the course's convention:
+GPU time per launch over all of them: one untimed sample, then ``--repetitions`` timed ones. So
+PyTorch is timed in the same steady state as the course's kernels: a GPU running a large GEMM settles
+at its power limit and a lower clock within a few tens of milliseconds, and a burst of a few
+milliseconds would time it at the higher clock it starts with (docs/notes/ch07.md, Session 30).
+Counters follow the course's convention:
 ``bytes_per_second`` counts the case's fewest bytes, ``flops`` the useful floating-point operations.
 
 Each chapter is one function registered in ``BASELINES`` with ``@baseline("chNN")``; later chapters
@@ -59,7 +59,7 @@ class CaseResult:
     ``times_s`` holds one value per timed sample: the time per launch in seconds. ``min_bytes`` is
     the case's fewest bytes (each input read once, each output written once); ``flop_count`` the
     useful floating-point operations per launch (None where there is no math worth counting).
-    ``counters`` are extra constant values to record (e.g. launches per sample).
+    ``counters`` are extra constant values to record (e.g. launches per batch).
     """
 
     chapter: str
@@ -189,8 +189,9 @@ def rotation_sets(bytes_per_set: int, l2_bytes: int, max_total_bytes: int = MAX_
     return max(1, min(wanted, affordable))
 
 
-def launches_per_sample(n: int, budget: int = 1 << 26, most: int = 1024) -> int:
-    """Launches in one timed sample for a problem of ``n`` elements: max(1, min(1024, 2^26 // n))."""
+def launches_per_batch(n: int, budget: int = 1 << 26, most: int = 1024) -> int:
+    """Launches between one pair of events (a batch) for a problem of ``n`` elements:
+    max(1, min(1024, 2^26 // n)). A sample runs as many batches as its MIN_TIME_S needs."""
     return max(1, min(most, budget // max(1, n)))
 
 
@@ -281,7 +282,7 @@ def ch01_vector_add(env: Env) -> List[CaseResult]:
     for n in CH01_SIZES:
         set_bytes = 3 * 4 * n
         sets = rotation_sets(set_bytes, env.l2_bytes)
-        batch = launches_per_sample(n)
+        batch = launches_per_batch(n)
         tensors = []
         for _ in range(sets):
             # Uniform random in [-1, 1), like the C++ benchmark: never an all-zero input.
@@ -298,8 +299,8 @@ def ch01_vector_add(env: Env) -> List[CaseResult]:
         timed = time_samples(env, launches, batch)
         results.append(CaseResult(chapter="ch01", case="fp32_N%d" % n, times_s=timed["times"],
                                   cpu_times_s=timed["cpu_times"], min_bytes=12.0 * n,
-                                  counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
-        env.log("ch01 fp32_N%d: median %.2f us per launch (%d sets, %d launches per sample)"
+                                  counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
+        env.log("ch01 fp32_N%d: median %.2f us per launch (%d sets, %d launches per batch)"
                 % (n, _median(timed["times"]) * 1e6, sets, batch))
         del tensors, launches, a, b, c
         torch.cuda.empty_cache()
@@ -349,7 +350,7 @@ def ch02_tiled_matmul(env: Env) -> List[CaseResult]:
             results.append(CaseResult(chapter="ch02", case=label, times_s=timed["times"],
                                       cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
                                       flop_count=2.0 * m * n * k,
-                                      counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+                                      counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
             env.log("ch02 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
             del operands
             torch.cuda.empty_cache()
@@ -415,7 +416,7 @@ def ch03_fused_epilogue(env: Env) -> List[CaseResult]:
         label = ch03_case_label(m, n, k, epilogue)
         results.append(CaseResult(chapter="ch03", case=label, times_s=timed["times"],
                                   cpu_times_s=timed["cpu_times"], min_bytes=min_bytes, flop_count=2.0 * m * n * k,
-                                  counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+                                  counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
         env.log("ch03 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
         del launches
         torch.cuda.empty_cache()
@@ -491,7 +492,7 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
         timed = time_samples(env, launches, batch)
         results.append(CaseResult(chapter="ch04", case=case["label"], times_s=timed["times"],
                                   cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
-                                  counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+                                  counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
         env.log("ch04 %s: median %.1f us per launch" % (case["label"], _median(timed["times"]) * 1e6))
         del launches, slab
         torch.cuda.empty_cache()
@@ -608,7 +609,7 @@ def ch07_hopper_gemm(env: Env) -> List[CaseResult]:
         results.append(CaseResult(chapter="ch07", case=label, times_s=timed["times"],
                                   cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
                                   flop_count=2.0 * m * n * k,
-                                  counters={"launches_per_sample": float(batch), "rotating_sets": float(sets)}))
+                                  counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
         env.log("ch07 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
         del operands
         torch.cuda.empty_cache()
@@ -660,7 +661,7 @@ def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any]) -> List[C
         results.append(CaseResult(chapter=chapter, case=label, times_s=timed["times"],
                                   cpu_times_s=timed["cpu_times"], min_bytes=ch05_min_bytes(sizes, n, k),
                                   flop_count=2.0 * rows * n * k,
-                                  counters={"launches_per_sample": 1.0, "rotating_sets": 1.0}))
+                                  counters={"launches_per_batch": 1.0, "rotating_sets": 1.0}))
         env.log("%s %s: median %.1f us per launch" % (chapter, label, _median(timed["times"]) * 1e6))
         del a, w, ends, w_kn, out
         torch.cuda.empty_cache()

@@ -28,7 +28,7 @@ def aggregates(doc, run_name):
 class BuildJsonTest(unittest.TestCase):
     def setUp(self):
         self.result = pb.CaseResult(chapter="ch01", case="fp32_N1024", times_s=[1e-6, 2e-6, 3e-6, 4e-6],
-                                    min_bytes=12.0 * 1024, flop_count=1024.0, counters={"launches_per_sample": 64.0})
+                                    min_bytes=12.0 * 1024, flop_count=1024.0, counters={"launches_per_batch": 64.0})
         self.doc = pb.build_benchmark_json(CONTEXT, [self.result])
 
     def test_schema(self):
@@ -55,8 +55,8 @@ class BuildJsonTest(unittest.TestCase):
         self.assertAlmostEqual(entries["min"]["bytes_per_second"], 12.0 * 1024 / 4e-6)
         self.assertAlmostEqual(entries["max"]["bytes_per_second"], 12.0 * 1024 / 1e-6)
         self.assertAlmostEqual(entries["median"]["flops"], (1024 / 2e-6 + 1024 / 3e-6) / 2)
-        self.assertEqual(entries["median"]["launches_per_sample"], 64.0)
-        self.assertEqual(entries["stddev"]["launches_per_sample"], 0.0)
+        self.assertEqual(entries["median"]["launches_per_batch"], 64.0)
+        self.assertEqual(entries["stddev"]["launches_per_batch"], 0.0)
 
     def test_round_trip_through_kc_results(self):
         parsed = kr.parse_benchmark_json(self.doc, "ch01_pytorch.json")
@@ -105,12 +105,12 @@ class RealOutputTest(unittest.TestCase):
 
 
 class SizingTest(unittest.TestCase):
-    def test_launches_per_sample(self):
-        self.assertEqual(pb.launches_per_sample(1 << 16), 1024)
-        self.assertEqual(pb.launches_per_sample(1 << 20), 64)
-        self.assertEqual(pb.launches_per_sample(1 << 22), 16)
-        self.assertEqual(pb.launches_per_sample(1 << 26), 1)
-        self.assertEqual(pb.launches_per_sample(1 << 28), 1)
+    def test_launches_per_batch(self):
+        self.assertEqual(pb.launches_per_batch(1 << 16), 1024)
+        self.assertEqual(pb.launches_per_batch(1 << 20), 64)
+        self.assertEqual(pb.launches_per_batch(1 << 22), 16)
+        self.assertEqual(pb.launches_per_batch(1 << 26), 1)
+        self.assertEqual(pb.launches_per_batch(1 << 28), 1)
 
     def test_rotation_sets_exceed_twice_the_l2(self):
         l2 = 60 * 2 ** 20
