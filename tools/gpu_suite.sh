@@ -106,6 +106,10 @@ python3 tools/pytorch_baselines.py --chapters "${chapters[@]}" --out "$results" 
   >"$logs/pytorch.log" 2>&1 || { fail "pytorch baselines"; tail -20 "$logs/pytorch.log"; }
 kill "$sampler" 2>/dev/null
 wait "$sampler" 2>/dev/null
+# What each PyTorch case launched, in a process of its own (the profiler never runs where the timing
+# does): one call per case under torch.profiler, written as labels into the JSON just written.
+python3 tools/pytorch_baselines.py --kernels --chapters "${chapters[@]}" --out "$results" \
+  >>"$logs/pytorch.log" 2>&1 || { fail "pytorch kernel names"; tail -20 "$logs/pytorch.log"; }
 
 step "metadata"
 python3 - "$commit" "$logs" "$results/metadata.json" <<'PY'

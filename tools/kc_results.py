@@ -136,6 +136,8 @@ class Measurement:
     # The benchmark's other user counters (median aggregate, or the first repetition), e.g. Chapter
     # 6's "waves" and "last_wave_utilisation": facts of the run, not rates.
     counters: Dict[str, float] = field(default_factory=dict)
+    # Google Benchmark's label; tools/pytorch_baselines.py writes there the kernels one call launched.
+    label: Optional[str] = None
 
     @property
     def measured(self) -> bool:
@@ -256,6 +258,7 @@ def _measurement_from(run_name: str, source: str, aggregates: Dict[str, Dict[str
         m.bytes_per_second = _to_float(central.get("bytes_per_second"))
         m.flops = _to_float(central.get("flops"))
         m.counters = _user_counters(central)
+        m.label = _clean(central.get("label")) or None
     elif iterations:
         times = [t for t in (_seconds(e) for e in iterations) if t is not None]
         if times:
@@ -269,6 +272,7 @@ def _measurement_from(run_name: str, source: str, aggregates: Dict[str, Dict[str
             if values:
                 setattr(m, key, _median(values))
         m.counters = _user_counters(iterations[0])
+        m.label = _clean(iterations[0].get("label")) or None
     if not m.measured:
         m.time_s = None
         m.error = errors[0] if errors else "no time reported"
@@ -694,6 +698,32 @@ def _baseline_timing(context: Dict[str, Any]) -> str:
     return "timed in bursts of a few milliseconds (the older method: fast where the GPU is power-bound)"
 
 
+def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
+    """What the baseline rows ran: for each baseline file (chNN_pytorch.json) whose entries carry
+    the kernels one call launched (their label), a table of the distinct kernel sequences and the
+    cases that ran each. Nothing for files without labels (those written before the labels were)."""
+    lines: List[str] = []
+    for bench_file in results.files[1:]:
+        runs: Dict[str, List[str]] = {}
+        variants = set()
+        for m in bench_file.measurements:
+            if m.chapter != results.chapter_id or not m.measured or not m.label or m.case is None:
+                continue
+            runs.setdefault(m.label, []).append(m.case)
+            variants.add(m.variant)
+        if not runs:
+            continue
+        names = ", ".join("`%s`" % v for v in sorted(v for v in variants if v))
+        lines += ["", "What the %s rows ran: the kernels of one call of each case, in launch order, as "
+                  "`torch.profiler` named them (shortened: no template arguments; a CUTLASS kernel by its "
+                  "schedule and its MMA instruction)." % names, "",
+                  "| Kernels | Cases |", "|---|---|"]
+        for label, cases in sorted(runs.items(), key=lambda item: natural_key(min(item[1], key=natural_key))):
+            kernels = " → ".join("`%s`" % k.strip() for k in label.split("→"))
+            lines.append("| %s | %s |" % (kernels, ", ".join("`%s`" % c for c in sorted(cases, key=natural_key))))
+    return lines
+
+
 def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] = None) -> str:
     """The generated Markdown page of one chapter: a provenance comment, a heading, the run
     context, one table (rows grouped by case, in natural order; variants in course order) and notes."""
@@ -770,6 +800,7 @@ def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] 
                     vendor_cell,
                     DASH if speedup is None else "%.2f×" % speedup,
                 ))
+    lines += _baseline_kernel_lines(results)
     failed = [m for m in results.measurements if not m.measured]
     if failed:
         lines += ["", "Not measured:", ""]

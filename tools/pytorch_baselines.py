@@ -18,6 +18,10 @@ at its power limit and a lower clock within a few tens of milliseconds, and a bu
 milliseconds would time it at the higher clock it starts with (docs/notes/ch07.md, Session 30).
 Counters follow the course's convention:
 ``bytes_per_second`` counts the case's fewest bytes, ``flops`` the useful floating-point operations.
+A second pass (``--kernels``, a separate run after the timed one, so that the profiler never runs in
+the process that times) calls each case once under ``torch.profiler`` and writes the kernels it
+launched, in order and shortened (``short_kernel_name``), into the ``label`` of that case's entries in
+the JSON the timed run wrote, so a results page can say what PyTorch ran.
 
 Each chapter is one function registered in ``BASELINES`` with ``@baseline("chNN")``; later chapters
 add theirs (softmax + top-k, ``torch._grouped_mm``, matmul) the same way.
@@ -34,6 +38,7 @@ import functools
 import json
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -59,7 +64,8 @@ class CaseResult:
     ``times_s`` holds one value per timed sample: the time per launch in seconds. ``min_bytes`` is
     the case's fewest bytes (each input read once, each output written once); ``flop_count`` the
     useful floating-point operations per launch (None where there is no math worth counting).
-    ``counters`` are extra constant values to record (e.g. launches per batch).
+    ``counters`` are extra constant values to record (e.g. launches per batch). ``kernels`` names
+    the kernels one call launched (written as the entries' ``label``, joined by KERNEL_SEPARATOR).
     """
 
     chapter: str
@@ -70,6 +76,7 @@ class CaseResult:
     cpu_times_s: Optional[List[float]] = None
     variant: str = "pytorch"
     counters: Dict[str, float] = field(default_factory=dict)
+    kernels: List[str] = field(default_factory=list)  # what one call launched, shortened, in order
 
     @property
     def run_name(self) -> str:
@@ -161,8 +168,81 @@ def build_benchmark_json(context: Dict[str, Any], results: Sequence[CaseResult],
             for name, value in sorted(result.counters.items()):
                 constant = [float(value)] * n
                 entry[name] = statistic(constant)
+            if result.kernels:
+                entry["label"] = KERNEL_SEPARATOR.join(result.kernels)
             benchmarks.append(entry)
     return {"context": dict(context), "benchmarks": benchmarks}
+
+
+KERNEL_SEPARATOR = " → "
+_LONGEST_NAME = 160
+_ANONYMOUS = "(anonymous namespace)"
+
+
+def _mangled_identifier(name: str, prefix: str) -> Optional[str]:
+    """The first source name (<length><identifier>) in the mangled ``name`` that starts with a match
+    of the regular expression ``prefix``, read by its length: the digits right before it (a
+    substitution or a template literal ends in "_" or "E", so whatever digits precede the identifier
+    belong to its length; if they do not fit, a shorter tail of them is tried). None if none does."""
+    for match in re.finditer(r"(\d+)(?=%s)" % prefix, name):
+        digits = match.group(1)
+        for k in range(len(digits)):
+            length = int(digits[k:])
+            ident = name[match.end():match.end() + length]
+            if length > 0 and len(ident) == length and all(c.isalnum() or c == "_" for c in ident):
+                return ident
+    return None
+
+
+def _mangled_qualified_name(name: str) -> str:
+    """The function's qualified name without template arguments, from a mangled name: the nested
+    name's identifiers after "_ZN" (or the one after "_Z") up to the first template or end mark."""
+    i = 3 if name.startswith("_ZN") else 2
+    parts = []
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while j < len(name) and name[j].isdigit():
+            j += 1
+        length = int(name[i:j])
+        parts.append(name[j:j + length])
+        i = j + length
+        if not name.startswith("_ZN"):
+            break
+    return "::".join(parts) if parts else name
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's name as a results page can show it: without template and function arguments,
+    and for a CUTLASS kernel (whose name is kilobytes of template arguments) with the two
+    arguments that say what it is, its kernel schedule (e.g. ...TmaWarpSpecializedCooperative) and
+    its MMA atom (e.g. MMA_64x256x16_F32BF16BF16_SS, a Hopper wgmma). Mangled names (the profiler
+    leaves some so) are read without a demangler. At most 160 characters."""
+    name = name.strip()
+    if name.startswith("_Z"):
+        short = _mangled_qualified_name(name)
+        if short.startswith("cutlass::"):
+            details = [d for d in (_mangled_identifier(name, "Kernel"), _mangled_identifier(name, "MMA_[0-9]")) if d]
+            if details:
+                short += " (%s)" % ", ".join(details)
+    else:
+        short = name[len("void "):] if name.startswith("void ") else name
+        short = short.replace(_ANONYMOUS, "{anonymous}")
+        for mark in ("<", "("):
+            if mark in short:
+                short = short[:short.index(mark)]
+        short = short.strip()
+    return short if len(short) <= _LONGEST_NAME else short[:_LONGEST_NAME - 1] + "…"
+
+
+def ordered_unique(names: Sequence[str]) -> List[str]:
+    """``names`` without repeats, in the order of their first appearance."""
+    seen = set()
+    result = []
+    for n in names:
+        if n not in seen:
+            seen.add(n)
+            result.append(n)
+    return result
 
 
 def base_context(library: str, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -211,6 +291,9 @@ class Env:
     min_time_s: float = MIN_TIME_S
     seed: int = 1234
     log: Callable[[str], None] = print
+    # The raw names of the kernels one call of a launch function starts, in order (profile_kernels on
+    # the GPU); set only by the --kernels pass, None when timing.
+    kernel_names: Optional[Callable[[Callable[[], Any]], List[str]]] = None
 
 
 # About 100 µs of GPU clock cycles at the H200's ~2 GHz: torch.cuda._sleep spins for a cycle count.
@@ -222,7 +305,9 @@ def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) ->
     of ``batch`` calls, rotating over ``launches`` (one callable per input set), each batch between
     two CUDA events, until the batches' GPU time reaches ``env.min_time_s`` (at least one batch).
     Returns, per timed sample, the GPU time and the host thread CPU time per launch (seconds): the
-    sample's totals over its launch count, as Google Benchmark reports a manual-time repetition."""
+    sample's totals over its launch count, as Google Benchmark reports a manual-time repetition;
+    and, after the timing, what one more call of ``launches[0]`` launched (``kernels``: short names,
+    each once, in order; empty without ``env.kernel_names``)."""
     torch = env.torch
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
@@ -252,7 +337,28 @@ def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) ->
         if sample >= env.warmup:
             times.append(gpu_s / launched)
             cpu_times.append(cpu_s / launched)
-    return {"times": times, "cpu_times": cpu_times}
+    kernels = []
+    if env.kernel_names is not None:
+        kernels = ordered_unique([short_kernel_name(n) for n in env.kernel_names(launches[0])])
+    return {"times": times, "cpu_times": cpu_times, "kernels": kernels}
+
+
+def profile_kernels(torch: Any, launch: Callable[[], Any], log: Callable[[str], None] = print) -> List[str]:
+    """The names of the GPU kernels (and copies) one call of ``launch`` starts, in start order, from
+    ``torch.profiler``; an empty list, with a log line, if the profiler fails."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            launch()
+            torch.cuda.synchronize()
+        events = [e for e in prof.events() if str(e.device_type).endswith("CUDA")]
+        events.sort(key=lambda e: e.time_range.start)
+        return [e.name for e in events]
+    except Exception as e:  # the names are a note on the results page; the times are what matter
+        log("pytorch_baselines: could not list the kernels (%s)" % e)
+        return []
 
 
 BaselineFn = Callable[[Env], List[CaseResult]]
@@ -298,7 +404,7 @@ def ch01_vector_add(env: Env) -> List[CaseResult]:
             raise RuntimeError("torch.add gave a wrong result for n=%d" % n)
         timed = time_samples(env, launches, batch)
         results.append(CaseResult(chapter="ch01", case="fp32_N%d" % n, times_s=timed["times"],
-                                  cpu_times_s=timed["cpu_times"], min_bytes=12.0 * n,
+                                  cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=12.0 * n,
                                   counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
         env.log("ch01 fp32_N%d: median %.2f us per launch (%d sets, %d launches per batch)"
                 % (n, _median(timed["times"]) * 1e6, sets, batch))
@@ -348,7 +454,7 @@ def ch02_tiled_matmul(env: Env) -> List[CaseResult]:
             timed = time_samples(env, operands, batch)
             label = ch02_case_label(dtype_name, m, n, k)
             results.append(CaseResult(chapter="ch02", case=label, times_s=timed["times"],
-                                      cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
+                                      cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=min_bytes,
                                       flop_count=2.0 * m * n * k,
                                       counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
             env.log("ch02 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
@@ -415,7 +521,8 @@ def ch03_fused_epilogue(env: Env) -> List[CaseResult]:
         timed = time_samples(env, launches, batch)
         label = ch03_case_label(m, n, k, epilogue)
         results.append(CaseResult(chapter="ch03", case=label, times_s=timed["times"],
-                                  cpu_times_s=timed["cpu_times"], min_bytes=min_bytes, flop_count=2.0 * m * n * k,
+                                  cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=min_bytes,
+                                  flop_count=2.0 * m * n * k,
                                   counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
         env.log("ch03 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
         del launches
@@ -491,7 +598,7 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
         launches = [functools.partial(fn, slab[i], k, e) for i in range(sets)]
         timed = time_samples(env, launches, batch)
         results.append(CaseResult(chapter="ch04", case=case["label"], times_s=timed["times"],
-                                  cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
+                                  cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=min_bytes,
                                   counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
         env.log("ch04 %s: median %.1f us per launch" % (case["label"], _median(timed["times"]) * 1e6))
         del launches, slab
@@ -607,7 +714,7 @@ def ch07_hopper_gemm(env: Env) -> List[CaseResult]:
         timed = time_samples(env, operands, batch)
         label = ch02_case_label("bf16", m, n, k)
         results.append(CaseResult(chapter="ch07", case=label, times_s=timed["times"],
-                                  cpu_times_s=timed["cpu_times"], min_bytes=min_bytes,
+                                  cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=min_bytes,
                                   flop_count=2.0 * m * n * k,
                                   counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
         env.log("ch07 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
@@ -659,13 +766,29 @@ def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any]) -> List[C
             continue
         timed = time_samples(env, [launch], 1)
         results.append(CaseResult(chapter=chapter, case=label, times_s=timed["times"],
-                                  cpu_times_s=timed["cpu_times"], min_bytes=ch05_min_bytes(sizes, n, k),
+                                  cpu_times_s=timed["cpu_times"], kernels=timed["kernels"],
+                                  min_bytes=ch05_min_bytes(sizes, n, k),
                                   flop_count=2.0 * rows * n * k,
                                   counters={"launches_per_batch": 1.0, "rotating_sets": 1.0}))
         env.log("%s %s: median %.1f us per launch" % (chapter, label, _median(timed["times"]) * 1e6))
         del a, w, ends, w_kn, out
         torch.cuda.empty_cache()
     return results
+
+
+def add_kernel_labels(doc: Dict[str, Any], results: Sequence[CaseResult]) -> int:
+    """Writes each result's kernels into the ``label`` of the entries of ``doc`` (a timed run's
+    JSON) that have its run_name; returns how many cases were labelled. A result without kernels,
+    or without entries in ``doc``, changes nothing."""
+    labelled = 0
+    for result in results:
+        if not result.kernels:
+            continue
+        entries = [e for e in doc.get("benchmarks", []) if e.get("run_name") == result.run_name]
+        for entry in entries:
+            entry["label"] = KERNEL_SEPARATOR.join(result.kernels)
+        labelled += 1 if entries else 0
+    return labelled
 
 
 def _gpu_unavailable_reason() -> Optional[str]:
@@ -682,6 +805,38 @@ def _gpu_unavailable_reason() -> Optional[str]:
     return None
 
 
+def _write_json(doc: Dict[str, Any], path: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+
+def list_kernels(chapters: Sequence[str], out_dir: str, log: Callable[[str], None] = print) -> List[str]:
+    """The --kernels pass: runs each case of ``chapters`` once (one batch, no warm-up sample) with
+    the kernels of one call recorded, and adds them as labels to ``out_dir/chNN_pytorch.json``;
+    returns the paths updated. A chapter without that file is skipped with a log line. Call only
+    when PyTorch and a GPU are available."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    env = Env(torch=torch, device=torch.device("cuda", 0), l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
+              repetitions=1, warmup=0, min_time_s=0.0, log=log,
+              kernel_names=lambda launch: profile_kernels(torch, launch, log))
+    updated = []
+    for chapter_id in chapters:
+        path = os.path.join(out_dir, "%s_pytorch.json" % chapter_id)
+        if not os.path.isfile(path):
+            log("pytorch_baselines: %s not found (the timed run writes it first); %s skipped" % (path, chapter_id))
+            continue
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        labelled = add_kernel_labels(doc, BASELINES[chapter_id](env))
+        _write_json(doc, path)
+        log("labelled %d cases in %s" % (labelled, path))
+        updated.append(path)
+    return updated
+
+
 def run(chapters: Sequence[str], out_dir: str, repetitions: int, log: Callable[[str], None] = print) -> List[str]:
     """Runs the baselines of ``chapters`` and writes ``out_dir/chNN_pytorch.json``; returns the
     paths written. Call only when PyTorch and a GPU are available."""
@@ -689,7 +844,8 @@ def run(chapters: Sequence[str], out_dir: str, repetitions: int, log: Callable[[
 
     props = torch.cuda.get_device_properties(0)
     l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0)
-    env = Env(torch=torch, device=torch.device("cuda", 0), l2_bytes=l2_bytes, repetitions=repetitions, log=log)
+    env = Env(torch=torch, device=torch.device("cuda", 0), l2_bytes=l2_bytes, repetitions=repetitions, log=log,
+              kernel_names=lambda launch: profile_kernels(torch, launch, log))
     context = base_context("pytorch %s" % torch.__version__, {
         "gpu": props.name,
         "gpu_arch": "sm_%d%d" % (props.major, props.minor),
@@ -704,9 +860,7 @@ def run(chapters: Sequence[str], out_dir: str, repetitions: int, log: Callable[[
         results = BASELINES[chapter_id](env)
         doc = build_benchmark_json(context, results)
         path = os.path.join(out_dir, "%s_pytorch.json" % chapter_id)
-        with open(path, "w", encoding="utf-8", newline="\n") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+        _write_json(doc, path)
         log("wrote %s" % path)
         written.append(path)
     return written
@@ -720,6 +874,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for chNN_pytorch.json")
     parser.add_argument("--repetitions", type=int, default=DEFAULT_REPETITIONS,
                         help="timed samples per case (default %d)" % DEFAULT_REPETITIONS)
+    parser.add_argument("--kernels", action="store_true",
+                        help="no timing: run each case once under torch.profiler and add the kernels it "
+                             "launched as labels to the chNN_pytorch.json a timed run wrote in --out")
     args = parser.parse_args(argv)
     if args.repetitions < 1:
         parser.error("--repetitions must be >= 1")
@@ -734,6 +891,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reason = _gpu_unavailable_reason()
     if reason:
         print("pytorch_baselines: %s; nothing written" % reason)
+        return 0
+    if args.kernels:
+        list_kernels(chapters, args.out)
         return 0
     written = run(chapters, args.out, args.repetitions)
     try:

@@ -355,3 +355,121 @@ class TimeSamplesTest(unittest.TestCase):
         timed = pb.time_samples(self.env(gpu, repetitions=1, min_time_s=0.01), [slower_later], batch=1)
         self.assertEqual(len(timed["times"]), 1)
         self.assertAlmostEqual(timed["times"][0], 2.0e-3)
+
+
+# The shape of the mangled name torch.profiler gives a CUTLASS 3 grouped GEMM (shortened: the real
+# ones, in data/torch_profiler_cutlass_names.txt, run to 1,270 characters of template arguments).
+CUTLASS_MANGLED = ("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13Gemm"
+                   "UniversalINS5_17GroupProblemShapeIN4cute5tupleIJiiiEEEEENS5_10collective13CollectiveMmaINS5_39Main"
+                   "loopSm90ArrayTmaGmmaWarpSpecializedILi4ENSA_IJNS9_1CILi2EEENSG_ILi1EEESI_EEENS5_43KernelPtrArray"
+                   "TmaWarpSpecializedCooperativeEEENS9_8TiledMMAINS9_8MMA_AtomIJNS9_4SM904GMMA28MMA_64x256x16_F32BF16"
+                   "BF16_SSILNSX_5MajorE0EEEEEEEEEEEvNT_6ParamsE")
+
+
+class KernelNamesTest(unittest.TestCase):
+    def test_cutlass_kernel_by_its_schedule_and_mma(self):
+        self.assertEqual(pb.short_kernel_name(CUTLASS_MANGLED),
+                         "cutlass::device_kernel (KernelPtrArrayTmaWarpSpecializedCooperative, "
+                         "MMA_64x256x16_F32BF16BF16_SS)")
+
+    def test_real_profiler_names(self):
+        # data/torch_profiler_cutlass_names.txt: the two kernels torch._grouped_mm ran on an H200 (PyTorch
+        # 2.11), as torch.profiler named them (docs/notes/ch05.md, Session 31).
+        with open(os.path.join(TESTS_DIR, "data", "torch_profiler_cutlass_names.txt"), encoding="utf-8") as f:
+            names = f.read().split()
+        self.assertTrue(names)
+        shorts = {pb.short_kernel_name(n) for n in names}
+        self.assertEqual(shorts, {
+            "cutlass::device_kernel (KernelPtrArrayTmaWarpSpecializedCooperative, MMA_64x256x16_F32BF16BF16_SS)",
+            "cutlass::device_kernel (KernelPtrArrayTmaWarpSpecializedPingpong, MMA_64x128x16_F32BF16BF16_SS)"})
+
+    def test_other_names(self):
+        cases = {
+            "void at::cuda::detail::prepare_grouped_gemm_data<cutlass::bfloat16_t>(cutlass::bfloat16_t*, int)":
+                "at::cuda::detail::prepare_grouped_gemm_data",
+            "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT",
+            "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)":
+                "at::native::{anonymous}::cunn_SoftMaxForward",
+            "Memcpy DtoD (Device -> Device)": "Memcpy DtoD",
+            "_Z10add_kernelPKfS0_Pfi": "add_kernel",
+            "_ZN2kc4ch0410copy_bytesEPKhPhm": "kc::ch04::copy_bytes",
+            "_ZN7cutlass13device_kernelIiEEvv": "cutlass::device_kernel",  # no schedule, no MMA: the name alone
+        }
+        for raw, short in cases.items():
+            self.assertEqual(pb.short_kernel_name(raw), short, raw)
+
+    def test_long_names_are_cut(self):
+        short = pb.short_kernel_name("k" * 400)
+        self.assertEqual(len(short), 160)
+        self.assertTrue(short.endswith("…"))
+
+    def test_ordered_unique(self):
+        self.assertEqual(pb.ordered_unique(["b", "a", "b", "c", "a"]), ["b", "a", "c"])
+
+    def test_time_samples_lists_what_one_call_launched(self):
+        gpu = _FakeGpu(launch_ms=1.0)
+        seen = []
+
+        def names_of(launch):
+            before = len(gpu.calls)
+            launch()
+            seen.append(len(gpu.calls) - before)
+            return ["void my_kernel<4>(float*)", "_Z10add_kernelPKfS0_Pfi", "void my_kernel<8>(float*)"]
+
+        env = pb.Env(torch=gpu.torch, device=None, l2_bytes=0, repetitions=1, warmup=0, min_time_s=0.001,
+                     log=lambda _: None, kernel_names=names_of)
+        timed = pb.time_samples(env, [gpu.launch(0), gpu.launch(1)], batch=1)
+        self.assertEqual(timed["kernels"], ["my_kernel", "add_kernel"])
+        self.assertEqual(seen, [1])  # one call, after the timed samples
+        self.assertEqual(pb.time_samples(TimeSamplesTest().env(gpu, 1), [gpu.launch(0)], 1)["kernels"], [])
+
+    def test_json_label_and_its_table_on_the_results_page(self):
+        results = [pb.CaseResult(chapter="ch05", case="G8", times_s=[1e-3], min_bytes=1.0, variant="pytorch",
+                                 kernels=["prep", "cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)"]),
+                   pb.CaseResult(chapter="ch05", case="G256", times_s=[2e-3], min_bytes=1.0, variant="pytorch",
+                                 kernels=["prep", "cutlass::device_kernel (KernelY, MMA_64x128x16_F32BF16BF16_SS)"]),
+                   pb.CaseResult(chapter="ch05", case="G32", times_s=[2e-3], min_bytes=1.0, variant="pytorch",
+                                 kernels=["prep", "cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)"]),
+                   pb.CaseResult(chapter="ch05", case="G4", times_s=[2e-3], min_bytes=1.0, variant="pytorch")]
+        doc = pb.build_benchmark_json(CONTEXT, results)
+        median = aggregates(doc, "ch05/pytorch/G8/manual_time")["median"]
+        self.assertEqual(median["label"], "prep → cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)")
+        self.assertNotIn("label", aggregates(doc, "ch05/pytorch/G4/manual_time")["median"])
+        parsed = kr.parse_benchmark_json(doc, "ch05_pytorch.json")
+        self.assertEqual(parsed.measurements[0].label, median["label"])
+        self.assertEqual(parsed.measurements[0].counters, {})  # the label is not a counter
+        bench = kr.parse_benchmark_json(pb.build_benchmark_json(CONTEXT, []), "ch05_bench.json")
+        page = kr.render_chapter_markdown(kr.ChapterResults("ch05", [bench, parsed], {}, False))
+        self.assertIn("What the `pytorch` rows ran", page)
+        self.assertIn("| `prep` → `cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)` | `G8`, `G32` |",
+                      page)
+        self.assertIn("| `prep` → `cutlass::device_kernel (KernelY, MMA_64x128x16_F32BF16BF16_SS)` | `G256` |", page)
+        self.assertNotIn("`G4`, ", page.split("What the")[1])
+        # Without labels (files written before them) the page has no such section.
+        unlabelled = kr.parse_benchmark_json(pb.build_benchmark_json(CONTEXT, results[3:]), "ch05_pytorch.json")
+        page = kr.render_chapter_markdown(kr.ChapterResults("ch05", [bench, unlabelled], {}, False))
+        self.assertNotIn("What the", page)
+
+
+class KernelLabelPassTest(unittest.TestCase):
+    def test_add_kernel_labels(self):
+        timed = [pb.CaseResult(chapter="ch05", case=c, times_s=[1e-3], min_bytes=1.0) for c in ("A", "B", "C")]
+        doc = pb.build_benchmark_json(CONTEXT, timed)
+        listed = [pb.CaseResult(chapter="ch05", case="A", times_s=[1e-3], min_bytes=1.0, kernels=["k1", "k2"]),
+                  pb.CaseResult(chapter="ch05", case="B", times_s=[1e-3], min_bytes=1.0),  # nothing listed
+                  pb.CaseResult(chapter="ch05", case="Z", times_s=[1e-3], min_bytes=1.0, kernels=["k3"])]  # not timed
+        self.assertEqual(pb.add_kernel_labels(doc, listed), 1)
+        for entry in doc["benchmarks"]:
+            if entry["run_name"] == "ch05/pytorch/A/manual_time":
+                self.assertEqual(entry["label"], "k1 → k2")
+            else:
+                self.assertNotIn("label", entry)
+        self.assertEqual(len(doc["benchmarks"]), 3 * 6)  # no entry added
+
+    def test_kernels_pass_exits_0_and_writes_nothing_without_gpu(self):
+        with tempfile.TemporaryDirectory() as out, \
+                mock.patch.object(pb, "_gpu_unavailable_reason", return_value="no GPU here"), \
+                contextlib.redirect_stdout(io.StringIO()) as printed:
+            self.assertEqual(pb.main(["--kernels", "--chapters", "ch01", "--out", out]), 0)
+            self.assertEqual(os.listdir(out), [])
+        self.assertIn("no GPU here", printed.getvalue())
