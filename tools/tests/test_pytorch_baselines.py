@@ -473,3 +473,44 @@ class KernelLabelPassTest(unittest.TestCase):
             self.assertEqual(pb.main(["--kernels", "--chapters", "ch01", "--out", out]), 0)
             self.assertEqual(os.listdir(out), [])
         self.assertIn("no GPU here", printed.getvalue())
+
+
+class _FakeTorchModule:
+    """Enough of the torch module for run() and list_kernels() to set up their Env."""
+
+    __version__ = "0.0-fake"
+
+    class version:  # noqa: N801 (torch.version)
+        cuda = "13.0"
+
+    class cuda:  # noqa: N801 (torch.cuda)
+        @staticmethod
+        def get_device_properties(index):
+            props = mock.Mock(major=9, minor=0, multi_processor_count=132, L2_cache_size=1 << 20)
+            props.name = "Fake GPU"  # Mock's own name argument means something else
+            return props
+
+    @staticmethod
+    def device(kind, index):
+        return (kind, index)
+
+
+class ProfilerOnlyInTheKernelsPassTest(unittest.TestCase):
+    def test_the_timed_pass_never_lists_kernels_and_the_kernels_pass_does(self):
+        seen = {}
+
+        def fake_baseline(env):
+            seen["kernel_names"] = env.kernel_names
+            seen["min_time_s"] = env.min_time_s
+            return [pb.CaseResult(chapter="ch99", case="A", times_s=[1e-3], min_bytes=1.0)]
+
+        with tempfile.TemporaryDirectory() as out, \
+                mock.patch.dict(sys.modules, {"torch": _FakeTorchModule}), \
+                mock.patch.dict(pb.BASELINES, {"ch99": fake_baseline}):
+            pb.run(["ch99"], out, repetitions=1, log=lambda _: None)
+            self.assertIsNone(seen["kernel_names"])
+            self.assertEqual(seen["min_time_s"], pb.MIN_TIME_S)
+            self.assertEqual(pb.list_kernels(["ch99"], out, log=lambda _: None),
+                             [os.path.join(out, "ch99_pytorch.json")])
+            self.assertIsNotNone(seen["kernel_names"])
+            self.assertEqual(seen["min_time_s"], 0.0)
