@@ -136,7 +136,8 @@ class Measurement:
     # The benchmark's other user counters (median aggregate, or the first repetition), e.g. Chapter
     # 6's "waves" and "last_wave_utilisation": facts of the run, not rates.
     counters: Dict[str, float] = field(default_factory=dict)
-    # Google Benchmark's label; tools/pytorch_baselines.py writes there the kernels one call launched.
+    # Google Benchmark's label; tools/pytorch_baselines.py writes there the kernels one call launched,
+    # joined by KERNEL_SEPARATOR.
     label: Optional[str] = None
 
     @property
@@ -698,6 +699,10 @@ def _baseline_timing(context: Dict[str, Any]) -> str:
     return "timed in bursts of a few milliseconds (the older method: fast where the GPU is power-bound)"
 
 
+# How a baseline entry's label joins the kernels of one call (tools/pytorch_baselines.py writes it).
+KERNEL_SEPARATOR = " → "
+
+
 def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
     """What the baseline rows ran: for each baseline file (chNN_pytorch.json) whose entries carry
     the kernels one call launched (their label), a table of the distinct kernel sequences and the
@@ -719,14 +724,15 @@ def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
                   "schedule and its MMA instruction)." % names, "",
                   "| Kernels | Cases |", "|---|---|"]
         for label, cases in sorted(runs.items(), key=lambda item: natural_key(min(item[1], key=natural_key))):
-            kernels = " → ".join("`%s`" % k.strip() for k in label.split("→"))
+            kernels = KERNEL_SEPARATOR.join("`%s`" % k for k in label.split(KERNEL_SEPARATOR))
             lines.append("| %s | %s |" % (kernels, ", ".join("`%s`" % c for c in sorted(cases, key=natural_key))))
     return lines
 
 
 def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] = None) -> str:
     """The generated Markdown page of one chapter: a provenance comment, a heading, the run
-    context, one table (rows grouped by case, in natural order; variants in course order) and notes."""
+    context, one table (rows grouped by case, in natural order; variants in course order), what the
+    baseline rows ran where their files say, and what was not measured."""
     metric = table_metric(chapter, results)
     sources = [f.source for f in results.files]
     if results.has_metadata_file:

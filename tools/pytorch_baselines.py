@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from kc_results import KERNEL_SEPARATOR  # the reader owns the label's format
+
 WARMUP_SAMPLES = 1
 MIN_TIME_S = 0.2  # GPU seconds per sample: kc::bench::configure's MinTime
 DEFAULT_REPETITIONS = 10
@@ -65,7 +67,7 @@ class CaseResult:
     the case's fewest bytes (each input read once, each output written once); ``flop_count`` the
     useful floating-point operations per launch (None where there is no math worth counting).
     ``counters`` are extra constant values to record (e.g. launches per batch). ``kernels`` names
-    the kernels one call launched (written as the entries' ``label``, joined by KERNEL_SEPARATOR).
+    the kernels one call launched (the --kernels pass writes them as labels: add_kernel_labels).
     """
 
     chapter: str
@@ -168,13 +170,10 @@ def build_benchmark_json(context: Dict[str, Any], results: Sequence[CaseResult],
             for name, value in sorted(result.counters.items()):
                 constant = [float(value)] * n
                 entry[name] = statistic(constant)
-            if result.kernels:
-                entry["label"] = KERNEL_SEPARATOR.join(result.kernels)
             benchmarks.append(entry)
     return {"context": dict(context), "benchmarks": benchmarks}
 
 
-KERNEL_SEPARATOR = " → "
 _LONGEST_NAME = 160
 _ANONYMOUS = "(anonymous namespace)"
 

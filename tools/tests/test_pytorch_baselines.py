@@ -421,9 +421,11 @@ class KernelNamesTest(unittest.TestCase):
         timed = pb.time_samples(env, [gpu.launch(0), gpu.launch(1)], batch=1)
         self.assertEqual(timed["kernels"], ["my_kernel", "add_kernel"])
         self.assertEqual(seen, [1])  # one call, after the timed samples
-        self.assertEqual(pb.time_samples(TimeSamplesTest().env(gpu, 1), [gpu.launch(0)], 1)["kernels"], [])
+        timing = pb.Env(torch=gpu.torch, device=None, l2_bytes=0, repetitions=1, warmup=0, min_time_s=0.001,
+                        log=lambda _: None)  # no kernel_names: what the timed pass has
+        self.assertEqual(pb.time_samples(timing, [gpu.launch(0)], batch=1)["kernels"], [])
 
-    def test_json_label_and_its_table_on_the_results_page(self):
+    def test_labels_and_their_table_on_the_results_page(self):
         results = [pb.CaseResult(chapter="ch05", case="G8", times_s=[1e-3], min_bytes=1.0, variant="pytorch",
                                  kernels=["prep", "cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)"]),
                    pb.CaseResult(chapter="ch05", case="G256", times_s=[2e-3], min_bytes=1.0, variant="pytorch",
@@ -432,6 +434,8 @@ class KernelNamesTest(unittest.TestCase):
                                  kernels=["prep", "cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)"]),
                    pb.CaseResult(chapter="ch05", case="G4", times_s=[2e-3], min_bytes=1.0, variant="pytorch")]
         doc = pb.build_benchmark_json(CONTEXT, results)
+        self.assertFalse(any("label" in e for e in doc["benchmarks"]))  # the timed pass writes none
+        self.assertEqual(pb.add_kernel_labels(doc, results), 3)
         median = aggregates(doc, "ch05/pytorch/G8/manual_time")["median"]
         self.assertEqual(median["label"], "prep → cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)")
         self.assertNotIn("label", aggregates(doc, "ch05/pytorch/G4/manual_time")["median"])
@@ -444,7 +448,7 @@ class KernelNamesTest(unittest.TestCase):
         self.assertIn("| `prep` → `cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)` | `G8`, `G32` |",
                       page)
         self.assertIn("| `prep` → `cutlass::device_kernel (KernelY, MMA_64x128x16_F32BF16BF16_SS)` | `G256` |", page)
-        self.assertNotIn("`G4`, ", page.split("What the")[1])
+        self.assertNotIn("`G4`", page.split("What the")[1])  # no kernels listed, no row
         # Without labels (files written before them) the page has no such section.
         unlabelled = kr.parse_benchmark_json(pb.build_benchmark_json(CONTEXT, results[3:]), "ch05_pytorch.json")
         page = kr.render_chapter_markdown(kr.ChapterResults("ch05", [bench, unlabelled], {}, False))
