@@ -556,18 +556,26 @@ def ch04_min_bytes(tokens: int, experts: int, k: int) -> float:
 
 @baseline("ch04")
 def ch04_moe_gating(env: Env) -> List[CaseResult]:
-    """softmax -> topk -> renormalise -> bincount, and DeepSeek-V3's gate written as in its reference
-    model (sigmoid, biased group top-2 sums, masked_fill of the other groups, topk, gather, scale)."""
+    """softmax -> topk -> renormalise -> count, and DeepSeek-V3's gate written as in its reference
+    model (sigmoid, biased group top-2 sums, masked_fill of the other groups, topk, gather, scale).
+    The counts come from scatter_add_, not torch.bincount: bincount sizes its output from the largest
+    id, which it copies to the host and waits for on every call, so the row would time a host round
+    trip in the middle of the launches (Session 32 in docs/notes/ch04.md) rather than the GPU's work.
+    The C++ kernels count on the device without waiting, and so does this."""
     torch = env.torch
     generator = torch.Generator(device=env.device)
     generator.manual_seed(env.seed)
     bias = torch.empty(CH04_DSV3["experts"], device=env.device).uniform_(-0.1, 0.1, generator=generator)
 
+    def count_per_expert(ids, e):
+        flat = ids.flatten()
+        counts = torch.zeros(e, dtype=torch.int32, device=ids.device)
+        return counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+
     def softmax_topk(logits, k, e):
         weights, ids = torch.softmax(logits, dim=-1).topk(k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
-        counts = torch.bincount(ids.flatten(), minlength=e)
-        return weights, ids, counts
+        return weights, ids, count_per_expert(ids, e)
 
     def dsv3(logits, k, e):
         scores = logits.sigmoid()
@@ -581,8 +589,7 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
         ids = scores.topk(k, dim=-1)[1]
         weights = original.gather(1, ids)
         weights = weights / weights.sum(dim=-1, keepdim=True) * CH04_DSV3["scale"]
-        counts = torch.bincount(ids.flatten(), minlength=e)
-        return weights, ids, counts
+        return weights, ids, count_per_expert(ids, e)
 
     results = []
     for case in ch04_cases():
@@ -810,6 +817,11 @@ def _write_json(doc: Dict[str, Any], path: str) -> None:
         f.write("\n")
 
 
+# What the --kernels pass puts in front of the baselines' own log lines: their times there come from
+# one batch without warm-up, under the profiler, and are no results.
+KERNELS_PASS_LOG_PREFIX = "kernels pass (one untimed batch, not a result): "
+
+
 def list_kernels(chapters: Sequence[str], out_dir: str, log: Callable[[str], None] = print) -> List[str]:
     """The --kernels pass: runs each case of ``chapters`` once (one batch, no warm-up sample) with
     the kernels of one call recorded, and adds them as labels to ``out_dir/chNN_pytorch.json``;
@@ -818,8 +830,9 @@ def list_kernels(chapters: Sequence[str], out_dir: str, log: Callable[[str], Non
     import torch
 
     props = torch.cuda.get_device_properties(0)
+    # The baselines log a "median ... per launch" line per case; here it is one untimed batch, so say so.
     env = Env(torch=torch, device=torch.device("cuda", 0), l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
-              repetitions=1, warmup=0, min_time_s=0.0, log=log,
+              repetitions=1, warmup=0, min_time_s=0.0, log=lambda line: log(KERNELS_PASS_LOG_PREFIX + line),
               kernel_names=lambda launch: profile_kernels(torch, launch, log))
     updated = []
     for chapter_id in chapters:

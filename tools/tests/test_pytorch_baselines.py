@@ -518,3 +518,22 @@ class ProfilerOnlyInTheKernelsPassTest(unittest.TestCase):
                              [os.path.join(out, "ch99_pytorch.json")])
             self.assertIsNotNone(seen["kernel_names"])
             self.assertEqual(seen["min_time_s"], 0.0)
+
+
+class KernelsPassLogTest(unittest.TestCase):
+    def test_a_baselines_log_line_says_when_it_comes_from_the_untimed_kernels_pass(self):
+        def fake_baseline(env):
+            env.log("ch99 A: median 1.0 us per launch")
+            return [pb.CaseResult(chapter="ch99", case="A", times_s=[1e-3], min_bytes=1.0)]
+
+        timed_lines, kernels_lines = [], []
+        with tempfile.TemporaryDirectory() as out, \
+                mock.patch.dict(sys.modules, {"torch": _FakeTorchModule}), \
+                mock.patch.dict(pb.BASELINES, {"ch99": fake_baseline}):
+            pb.run(["ch99"], out, repetitions=1, log=timed_lines.append)
+            pb.list_kernels(["ch99"], out, log=kernels_lines.append)
+        self.assertIn("ch99 A: median 1.0 us per launch", timed_lines)
+        self.assertIn(pb.KERNELS_PASS_LOG_PREFIX + "ch99 A: median 1.0 us per launch", kernels_lines)
+        self.assertNotIn("ch99 A: median 1.0 us per launch", kernels_lines)
+        # The pass's own summary line is not prefixed.
+        self.assertTrue(any(line.startswith("labelled ") for line in kernels_lines))
