@@ -558,19 +558,19 @@ def ch04_min_bytes(tokens: int, experts: int, k: int) -> float:
 def ch04_moe_gating(env: Env) -> List[CaseResult]:
     """softmax -> topk -> renormalise -> count, and DeepSeek-V3's gate written as in its reference
     model (sigmoid, biased group top-2 sums, masked_fill of the other groups, topk, gather, scale).
-    The counts come from scatter_add_, not torch.bincount: bincount sizes its output from the largest
-    id, which it copies to the host and waits for on every call, so the row would time a host round
-    trip in the middle of the launches (Session 32 in docs/notes/ch04.md) rather than the GPU's work.
-    The C++ kernels count on the device without waiting, and so does this."""
+    The counts come from torch.histc with its range given, not torch.bincount: bincount sizes its
+    output from the ids' range, which it copies to the host and waits for on every call, so the row
+    would hold a host round trip in the middle of the launches; scatter_add_ into zeros waits on
+    nothing but its atomics contend (Session 32 in docs/notes/ch04.md). The C++ kernels count on the
+    device without waiting, and so does this."""
     torch = env.torch
     generator = torch.Generator(device=env.device)
     generator.manual_seed(env.seed)
     bias = torch.empty(CH04_DSV3["experts"], device=env.device).uniform_(-0.1, 0.1, generator=generator)
 
     def count_per_expert(ids, e):
-        flat = ids.flatten()
-        counts = torch.zeros(e, dtype=torch.int32, device=ids.device)
-        return counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        # Bins of width 1 over [0, e): bin i holds id i (exact in fp32 for these ids).
+        return torch.histc(ids.flatten().float(), bins=e, min=0, max=e).int()
 
     def softmax_topk(logits, k, e):
         weights, ids = torch.softmax(logits, dim=-1).topk(k, dim=-1)
