@@ -726,7 +726,24 @@ def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
         for label, cases in sorted(runs.items(), key=lambda item: natural_key(min(item[1], key=natural_key))):
             kernels = KERNEL_SEPARATOR.join("`%s`" % k for k in label.split(KERNEL_SEPARATOR))
             lines.append("| %s | %s |" % (kernels, ", ".join("`%s`" % c for c in sorted(cases, key=natural_key))))
+        waiting = sorted((c for label, cases in runs.items() if _waits_on_the_host(label) for c in cases),
+                         key=natural_key)
+        if waiting:
+            every = len(waiting) == sum(len(cases) for cases in runs.values())
+            lines += ["", "%s copies from the device to the host (`%s`), so the host waits for the GPU "
+                      "mid-call and the GPU then waits for the host's next launches: %s that round trip."
+                      % ("Every case's call" if every else "The call of %s" % ", ".join("`%s`" % c for c in waiting),
+                         DEVICE_TO_HOST_COPY, "every row includes" if every else "their rows include")]
     return lines
+
+
+# How torch.profiler names a copy from the device to the host; in a call, it means the host waits.
+DEVICE_TO_HOST_COPY = "Memcpy DtoH"
+
+
+def _waits_on_the_host(label: str) -> bool:
+    """Whether a baseline's kernel label has a device-to-host copy among its kernels."""
+    return any(k.startswith(DEVICE_TO_HOST_COPY) for k in label.split(KERNEL_SEPARATOR))
 
 
 def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] = None) -> str:

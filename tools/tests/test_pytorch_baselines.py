@@ -537,3 +537,35 @@ class KernelsPassLogTest(unittest.TestCase):
         self.assertNotIn("ch99 A: median 1.0 us per launch", kernels_lines)
         # The pass's own summary line is not prefixed.
         self.assertTrue(any(line.startswith("labelled ") for line in kernels_lines))
+
+
+class HostWaitNoteTest(unittest.TestCase):
+    def page(self, kernels_by_case):
+        results = [pb.CaseResult(chapter="ch04", case=case, times_s=[1e-4], min_bytes=1.0, variant="pytorch",
+                                 kernels=kernels) for case, kernels in kernels_by_case.items()]
+        doc = pb.build_benchmark_json(CONTEXT, results)
+        pb.add_kernel_labels(doc, results)
+        bench = kr.parse_benchmark_json(pb.build_benchmark_json(CONTEXT, []), "ch04_bench.json")
+        parsed = kr.parse_benchmark_json(doc, "ch04_pytorch.json")
+        return kr.render_chapter_markdown(kr.ChapterResults("ch04", [bench, parsed], {}, False))
+
+    def test_cases_that_copy_to_the_host_mid_call_are_named(self):
+        page = self.page({"T16": ["topk", "Memcpy DtoH (Device -> Pageable)", "histogram"],
+                          "T1": ["topk", "Memcpy DtoH (Device -> Pinned)", "histogram"],
+                          "T4096": ["topk", "Memcpy DtoD (Device -> Device)", "histogram"]})
+        note = [line for line in page.splitlines() if "copies from the device to the host" in line]
+        self.assertEqual(len(note), 1)
+        self.assertTrue(note[0].startswith("The call of `T1`, `T16` copies"), note[0])  # natural order, no T4096
+        self.assertTrue(note[0].endswith("their rows include that round trip."), note[0])
+
+    def test_when_every_case_copies_to_the_host_the_note_says_so_without_the_list(self):
+        page = self.page({"T16": ["topk", "Memcpy DtoH", "histogram"], "T1": ["Memcpy DtoH"]})
+        note = [line for line in page.splitlines() if "copies from the device to the host" in line]
+        self.assertEqual(len(note), 1)
+        self.assertTrue(note[0].startswith("Every case's call copies"), note[0])
+        self.assertNotIn("`T1`", note[0])
+
+    def test_no_note_when_no_case_copies_to_the_host(self):
+        page = self.page({"T16": ["topk", "histogram"], "T4096": ["topk", "Memset (Device)", "histogram"]})
+        self.assertIn("What the `pytorch` rows ran", page)
+        self.assertNotIn("copies from the device to the host", page)
