@@ -823,8 +823,9 @@ KERNELS_PASS_LOG_PREFIX = "kernels pass (one untimed batch, not a result): "
 
 
 def list_kernels(chapters: Sequence[str], out_dir: str, log: Callable[[str], None] = print) -> List[str]:
-    """The --kernels pass: runs each case of ``chapters`` once (one batch, no warm-up sample) with
-    the kernels of one call recorded, and adds them as labels to ``out_dir/chNN_pytorch.json``;
+    """The --kernels pass: runs each case of ``chapters`` once (one batch, no warm-up sample; the
+    batch warms the case up, so the call profiled after it is not a first call) with the kernels of
+    one call recorded, and adds them as labels to ``out_dir/chNN_pytorch.json``;
     returns the paths updated. A chapter without that file is skipped with a log line. Call only
     when PyTorch and a GPU are available."""
     import torch
