@@ -701,6 +701,17 @@ def _baseline_timing(context: Dict[str, Any]) -> str:
 
 # How a baseline entry's label joins the kernels of one call (tools/pytorch_baselines.py writes it).
 KERNEL_SEPARATOR = " → "
+# How a label marks one kernel launched several times back to back: "name × 2" (two launches).
+KERNEL_REPEAT = " × "
+
+
+def _kernel_cell(item: str) -> str:
+    """One kernel of a label as the results page shows it: its name in code type, and a repeat
+    count (KERNEL_REPEAT) after it, outside the code type."""
+    name, mark, count = item.rpartition(KERNEL_REPEAT)
+    if mark and count.isdigit():
+        return "`%s`%s%s" % (name, KERNEL_REPEAT, count)
+    return "`%s`" % item
 
 
 def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
@@ -720,12 +731,15 @@ def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
         if not runs:
             continue
         names = ", ".join("`%s`" % v for v in sorted(v for v in variants if v))
-        lines += ["", "What the %s rows ran: the kernels of one call of each case, in launch order, as "
+        # Labels written before repeats were counted (each name once) read as they always did.
+        repeats = any(_kernel_cell(k) != "`%s`" % k for label in runs for k in label.split(KERNEL_SEPARATOR))
+        lines += ["", "What the %s rows ran: the kernels of one call of each case, in launch order%s, as "
                   "`torch.profiler` named them (shortened: no template arguments; a CUTLASS kernel by its "
-                  "schedule and its MMA instruction)." % names, "",
+                  "schedule and its MMA instruction)."
+                  % (names, " (× n: n launches of that kernel in a row)" if repeats else ""), "",
                   "| Kernels | Cases |", "|---|---|"]
         for label, cases in sorted(runs.items(), key=lambda item: natural_key(min(item[1], key=natural_key))):
-            kernels = KERNEL_SEPARATOR.join("`%s`" % k for k in label.split(KERNEL_SEPARATOR))
+            kernels = KERNEL_SEPARATOR.join(_kernel_cell(k) for k in label.split(KERNEL_SEPARATOR))
             lines.append("| %s | %s |" % (kernels, ", ".join("`%s`" % c for c in sorted(cases, key=natural_key))))
         waiting = sorted((c for label, cases in runs.items() if _waits_on_the_host(label) for c in cases),
                          key=natural_key)

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from kc_results import KERNEL_SEPARATOR  # the reader owns the label's format
+from kc_results import KERNEL_REPEAT, KERNEL_SEPARATOR  # the reader owns the label's format
 
 WARMUP_SAMPLES = 1
 MIN_TIME_S = 0.2  # GPU seconds per sample: kc::bench::configure's MinTime
@@ -233,14 +233,17 @@ def short_kernel_name(name: str) -> str:
     return short if len(short) <= _LONGEST_NAME else short[:_LONGEST_NAME - 1] + "…"
 
 
-def ordered_unique(names: Sequence[str]) -> List[str]:
-    """``names`` without repeats, in the order of their first appearance."""
-    seen = set()
-    result = []
-    for n in names:
-        if n not in seen:
-            seen.add(n)
-            result.append(n)
+def collapse_repeats(names: Sequence[str]) -> List[str]:
+    """``names`` in order, each run of one name back to back written once with its count
+    (``"name × 3"``, KERNEL_REPEAT); a name that comes back after another stays where it is, so the
+    list keeps every launch and its order."""
+    result: List[str] = []
+    run = 0
+    for i, n in enumerate(names):
+        run += 1
+        if i + 1 == len(names) or names[i + 1] != n:
+            result.append(n if run == 1 else "%s%s%d" % (n, KERNEL_REPEAT, run))
+            run = 0
     return result
 
 
@@ -305,8 +308,9 @@ def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) ->
     two CUDA events, until the batches' GPU time reaches ``env.min_time_s`` (at least one batch).
     Returns, per timed sample, the GPU time and the host thread CPU time per launch (seconds): the
     sample's totals over its launch count, as Google Benchmark reports a manual-time repetition;
-    and, after the timing, what one more call of ``launches[0]`` launched (``kernels``: short names,
-    each once, in order; empty without ``env.kernel_names``)."""
+    and, after the timing, what one more call of ``launches[0]`` launched (``kernels``: short names in
+    launch order, back-to-back repeats counted by collapse_repeats; empty without
+    ``env.kernel_names``)."""
     torch = env.torch
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
@@ -338,7 +342,7 @@ def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) ->
             cpu_times.append(cpu_s / launched)
     kernels = []
     if env.kernel_names is not None:
-        kernels = ordered_unique([short_kernel_name(n) for n in env.kernel_names(launches[0])])
+        kernels = collapse_repeats([short_kernel_name(n) for n in env.kernel_names(launches[0])])
     return {"times": times, "cpu_times": cpu_times, "kernels": kernels}
 
 

@@ -403,8 +403,12 @@ class KernelNamesTest(unittest.TestCase):
         self.assertEqual(len(short), 160)
         self.assertTrue(short.endswith("…"))
 
-    def test_ordered_unique(self):
-        self.assertEqual(pb.ordered_unique(["b", "a", "b", "c", "a"]), ["b", "a", "c"])
+    def test_collapse_repeats_counts_runs_and_keeps_every_launch(self):
+        self.assertEqual(pb.collapse_repeats([]), [])
+        self.assertEqual(pb.collapse_repeats(["a"]), ["a"])
+        self.assertEqual(pb.collapse_repeats(["a", "a"]), ["a × 2"])
+        # A name that comes back after another is listed again, in its place.
+        self.assertEqual(pb.collapse_repeats(["b", "a", "a", "a", "b", "c", "c"]), ["b", "a × 3", "b", "c × 2"])
 
     def test_time_samples_lists_what_one_call_launched(self):
         gpu = _FakeGpu(launch_ms=1.0)
@@ -414,12 +418,14 @@ class KernelNamesTest(unittest.TestCase):
             before = len(gpu.calls)
             launch()
             seen.append(len(gpu.calls) - before)
-            return ["void my_kernel<4>(float*)", "_Z10add_kernelPKfS0_Pfi", "void my_kernel<8>(float*)"]
+            return ["void my_kernel<4>(float*)", "void my_kernel<8>(float*)", "_Z10add_kernelPKfS0_Pfi",
+                    "void my_kernel<4>(float*)"]
 
         env = pb.Env(torch=gpu.torch, device=None, l2_bytes=0, repetitions=1, warmup=0, min_time_s=0.001,
                      log=lambda _: None, kernel_names=names_of)
         timed = pb.time_samples(env, [gpu.launch(0), gpu.launch(1)], batch=1)
-        self.assertEqual(timed["kernels"], ["my_kernel", "add_kernel"])
+        # Short names, every launch in order: the two back-to-back launches of my_kernel counted.
+        self.assertEqual(timed["kernels"], ["my_kernel × 2", "add_kernel", "my_kernel"])
         self.assertEqual(seen, [1])  # one call, after the timed samples
         timing = pb.Env(torch=gpu.torch, device=None, l2_bytes=0, repetitions=1, warmup=0, min_time_s=0.001,
                         log=lambda _: None)  # no kernel_names: what the timed pass has
@@ -432,10 +438,12 @@ class KernelNamesTest(unittest.TestCase):
                                  kernels=["prep", "cutlass::device_kernel (KernelY, MMA_64x128x16_F32BF16BF16_SS)"]),
                    pb.CaseResult(chapter="ch05", case="G32", times_s=[2e-3], min_bytes=1.0, variant="pytorch",
                                  kernels=["prep", "cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)"]),
-                   pb.CaseResult(chapter="ch05", case="G4", times_s=[2e-3], min_bytes=1.0, variant="pytorch")]
+                   pb.CaseResult(chapter="ch05", case="G4", times_s=[2e-3], min_bytes=1.0, variant="pytorch"),
+                   pb.CaseResult(chapter="ch05", case="G16", times_s=[2e-3], min_bytes=1.0, variant="pytorch",
+                                 kernels=pb.collapse_repeats(["prep", "elementwise", "elementwise"]))]
         doc = pb.build_benchmark_json(CONTEXT, results)
         self.assertFalse(any("label" in e for e in doc["benchmarks"]))  # the timed pass writes none
-        self.assertEqual(pb.add_kernel_labels(doc, results), 3)
+        self.assertEqual(pb.add_kernel_labels(doc, results), 4)
         median = aggregates(doc, "ch05/pytorch/G8/manual_time")["median"]
         self.assertEqual(median["label"], "prep → cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)")
         self.assertNotIn("label", aggregates(doc, "ch05/pytorch/G4/manual_time")["median"])
@@ -448,11 +456,21 @@ class KernelNamesTest(unittest.TestCase):
         self.assertIn("| `prep` → `cutlass::device_kernel (KernelX, MMA_64x256x16_F32BF16BF16_SS)` | `G8`, `G32` |",
                       page)
         self.assertIn("| `prep` → `cutlass::device_kernel (KernelY, MMA_64x128x16_F32BF16BF16_SS)` | `G256` |", page)
+        self.assertIn("| `prep` → `elementwise` × 2 | `G16` |", page)  # the count outside the code type
+        self.assertIn("(× n: n launches of that kernel in a row)", page)
         self.assertNotIn("`G4`", page.split("What the")[1])  # no kernels listed, no row
         # Without labels (files written before them) the page has no such section.
-        unlabelled = kr.parse_benchmark_json(pb.build_benchmark_json(CONTEXT, results[3:]), "ch05_pytorch.json")
+        unlabelled = kr.parse_benchmark_json(pb.build_benchmark_json(CONTEXT, results[3:4]), "ch05_pytorch.json")
         page = kr.render_chapter_markdown(kr.ChapterResults("ch05", [bench, unlabelled], {}, False))
         self.assertNotIn("What the", page)
+        # Labels without a repeat (all of them before repeats were counted) need no word on "× n".
+        for entry in doc["benchmarks"]:
+            if entry["run_name"].startswith("ch05/pytorch/G16/"):
+                entry.pop("label")
+        once = kr.parse_benchmark_json(doc, "ch05_pytorch.json")
+        page = kr.render_chapter_markdown(kr.ChapterResults("ch05", [bench, once], {}, False))
+        self.assertIn("What the `pytorch` rows ran: the kernels of one call of each case, in launch order, as", page)
+        self.assertNotIn("× n", page)
 
 
 class KernelLabelPassTest(unittest.TestCase):
