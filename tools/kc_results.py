@@ -717,8 +717,9 @@ def _kernel_cell(item: str) -> str:
 def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
     """What the baseline rows ran: for each baseline file (chNN_pytorch.json) whose entries carry
     the kernels one call launched (their label), a table of the distinct kernel sequences (a kernel
-    launched n times in a row shown once with "× n") and the cases that ran each, then a line naming the cases whose call copies to the host (a round trip in
-    their rows). Nothing for files without labels (those written before the labels were)."""
+    launched n times in a row shown once with "× n") and the cases that ran each, then a line naming
+    the cases whose call copies to the host (a round trip in their rows). Nothing for files without
+    labels (those written before the labels were)."""
     lines: List[str] = []
     for bench_file in results.files[1:]:
         runs: Dict[str, List[str]] = {}
