@@ -705,13 +705,18 @@ KERNEL_SEPARATOR = " → "
 KERNEL_REPEAT = " × "
 
 
+def _split_repeat(item: str) -> Tuple[str, Optional[str]]:
+    """One kernel of a label as its name and its repeat count ("name × 2" → ("name", "2")); the
+    count is None for a kernel launched once."""
+    name, mark, count = item.rpartition(KERNEL_REPEAT)
+    return (name, count) if mark and count.isdigit() else (item, None)
+
+
 def _kernel_cell(item: str) -> str:
     """One kernel of a label as the results page shows it: its name in code type, and a repeat
-    count (KERNEL_REPEAT) after it, outside the code type."""
-    name, mark, count = item.rpartition(KERNEL_REPEAT)
-    if mark and count.isdigit():
-        return "`%s`%s%s" % (name, KERNEL_REPEAT, count)
-    return "`%s`" % item
+    count after it, outside the code type."""
+    name, count = _split_repeat(item)
+    return "`%s`" % name if count is None else "`%s`%s%s" % (name, KERNEL_REPEAT, count)
 
 
 def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
@@ -733,7 +738,7 @@ def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
             continue
         names = ", ".join("`%s`" % v for v in sorted(v for v in variants if v))
         # Labels written before repeats were counted (each name once) read as they always did.
-        repeats = any(_kernel_cell(k) != "`%s`" % k for label in runs for k in label.split(KERNEL_SEPARATOR))
+        repeats = any(_split_repeat(k)[1] for label in runs for k in label.split(KERNEL_SEPARATOR))
         lines += ["", "What the %s rows ran: the kernels of one call of each case, in launch order%s, as "
                   "`torch.profiler` named them (shortened: no template arguments; a CUTLASS kernel by its "
                   "schedule and its MMA instruction)."
