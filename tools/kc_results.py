@@ -94,7 +94,7 @@ def natural_key(text: str) -> Tuple[Any, ...]:
 
 def variant_key(variant: str) -> Tuple[int, int, Tuple[Any, ...]]:
     """Sort key for variants: before, stepN_* (by N), after, other names alphabetically,
-    vendor and vendor_*, pytorch, limit."""
+    vendor and vendor_*, pytorch and pytorch_*, limit."""
     if variant == "before":
         return (0, 0, ())
     step = _STEP_RE.match(variant)
@@ -104,8 +104,8 @@ def variant_key(variant: str) -> Tuple[int, int, Tuple[Any, ...]]:
         return (2, 0, ())
     if variant == "vendor" or variant.startswith("vendor_"):
         return (4, 0, natural_key(variant))
-    if variant == "pytorch":
-        return (5, 0, ())
+    if variant == "pytorch" or variant.startswith("pytorch_"):
+        return (5, 0, natural_key(variant))
     if variant == "limit":
         return (6, 0, ())
     return (3, 0, natural_key(variant))
@@ -689,11 +689,21 @@ def _run_lines(results: ChapterResults) -> List[str]:
     return lines
 
 
+# A baseline file's context "timing" when its `pytorch` rows replay a CUDA graph of the calls (as
+# Chapter 4's C++ rows do) and its `pytorch_eager` rows launch them one by one.
+GRAPH_REPLAY_TIMING = "graph_replay"
+
+
 def _baseline_timing(context: Dict[str, Any]) -> str:
     """How a baseline file's samples were timed, from its context: pytorch_baselines.py records
-    ``min_time_s`` since it times each sample for that long; files without it were timed in short
-    bursts, which read fast wherever the GPU is power-bound (tools/README.md)."""
+    ``min_time_s`` since it times each sample for that long, and ``timing`` (GRAPH_REPLAY_TIMING)
+    where its rows replay a CUDA graph; files without ``min_time_s`` were timed in short bursts,
+    which read fast wherever the GPU is power-bound (tools/README.md)."""
     min_time = _clean(context.get("min_time_s"))
+    if min_time and _clean(context.get("timing")) == GRAPH_REPLAY_TIMING:
+        return ("`pytorch`: each sample at least %s s of GPU time in replays of a CUDA graph of the calls, the L2 "
+                "emptied before each replay, as the C++ rows; `pytorch_eager`: the same calls launched one by one "
+                "from Python" % min_time)
     if min_time:
         return "each sample at least %s s of GPU time, as the C++ repetitions" % min_time
     return "timed in bursts of a few milliseconds (the older method: fast where the GPU is power-bound)"
@@ -732,7 +742,9 @@ def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
         for m in bench_file.measurements:
             if m.chapter != results.chapter_id or not m.measured or not m.label or m.case is None:
                 continue
-            runs.setdefault(m.label, []).append(m.case)
+            cases = runs.setdefault(m.label, [])
+            if m.case not in cases:  # two variants of one case (pytorch, pytorch_eager) ran the same call
+                cases.append(m.case)
             variants.add(m.variant)
         if not runs:
             continue

@@ -113,11 +113,11 @@ class NamesTest(unittest.TestCase):
                          ["bf16_M16_N4096_K7168", "bf16_M128_N4096_K7168", "bf16_M4096_N4096_K4096"])
 
     def test_variant_order(self):
-        shuffled = ["limit", "vendor_cublaslt", "pytorch", "after", "uncoalesced", "step10_persistent",
-                    "before", "vendor", "step2_tiled", "fused_naive"]
+        shuffled = ["limit", "vendor_cublaslt", "pytorch_eager", "pytorch", "after", "uncoalesced",
+                    "step10_persistent", "before", "vendor", "step2_tiled", "fused_naive"]
         self.assertEqual(sorted(shuffled, key=kr.variant_key),
                          ["before", "step2_tiled", "step10_persistent", "after", "fused_naive", "uncoalesced",
-                          "vendor", "vendor_cublaslt", "pytorch", "limit"])
+                          "vendor", "vendor_cublaslt", "pytorch", "pytorch_eager", "limit"])
 
 
 class ParseTest(unittest.TestCase):

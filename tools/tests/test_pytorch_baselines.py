@@ -3,6 +3,7 @@ the sizing rules, the chapter registry, the no-GPU exit and the timing loop (on 
 
 import contextlib
 import io
+import json
 import math
 import os
 import sys
@@ -355,6 +356,187 @@ class TimeSamplesTest(unittest.TestCase):
         timed = pb.time_samples(self.env(gpu, repetitions=1, min_time_s=0.01), [slower_later], batch=1)
         self.assertEqual(len(timed["times"]), 1)
         self.assertAlmostEqual(timed["times"][0], 2.0e-3)
+
+
+class _FakeGraphGpu(_FakeGpu):
+    """_FakeGpu with CUDA graphs: a launch made while a graph captures is recorded in it and runs
+    nothing; a replay runs the recorded launches. A launch returns an output that equals another
+    call's of the same ``which`` or, with ``replay_differs``, differs between a replayed and an eager call. The L2 eviction
+    is a launch of its own ("evict", 0.05 ms), outside the events."""
+
+    def __init__(self, launch_ms, replay_differs=False):
+        super().__init__(launch_ms)
+        self.capturing = None
+        self.graphs = []
+        gpu = self
+
+        class Graph:
+            def __init__(self):
+                self.nodes = []
+                self.replays = 0
+                gpu.graphs.append(self)
+
+            def replay(self):
+                self.replays += 1
+                for which in self.nodes:
+                    gpu.calls.append(which)
+                    gpu.now_ms += gpu.launch_ms
+
+            def reset(self):
+                self.nodes = None
+
+        class Capture:
+            def __init__(self, graph):
+                self.graph = graph
+
+            def __enter__(self):
+                gpu.capturing = self.graph
+
+            def __exit__(self, *exc):
+                gpu.capturing = None
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class Cuda(self.torch.cuda):
+            CUDAGraph = Graph
+
+            @staticmethod
+            def graph(g):
+                return Capture(g)
+
+            @staticmethod
+            def Stream():  # noqa: N802 (torch.cuda.Stream)
+                return Stream()
+
+            @staticmethod
+            def stream(s):
+                return contextlib.nullcontext()
+
+            @staticmethod
+            def current_stream():
+                return Stream()
+
+            @staticmethod
+            def synchronize():
+                pass
+
+        class Torch:
+            cuda = Cuda
+
+            @staticmethod
+            def equal(a, b):
+                return a.which == b.which and not (replay_differs and a.captured != b.captured)
+
+        self.torch = Torch
+
+    def launch(self, which):
+        def run():
+            if self.capturing is not None:
+                self.capturing.nodes.append(which)
+                return mock.Mock(which=which, captured=True)
+            self.calls.append(which)
+            self.now_ms += self.launch_ms
+            return mock.Mock(which=which, captured=False)
+
+        return run
+
+    def evict(self):
+        self.calls.append("evict")
+        self.now_ms += 0.05
+
+
+class TimeGraphSamplesTest(unittest.TestCase):
+    def env(self, gpu, repetitions, warmup=1, min_time_s=0.2):
+        return pb.Env(torch=gpu.torch, device=None, l2_bytes=0, repetitions=repetitions, warmup=warmup,
+                      min_time_s=min_time_s, log=lambda _: None)
+
+    def test_one_capture_of_the_batch_then_replays_each_after_an_eviction(self):
+        gpu = _FakeGraphGpu(launch_ms=0.5)  # batches of 4: 2 ms a replay
+        timed = pb.time_graph_samples(self.env(gpu, repetitions=3), [gpu.launch(0), gpu.launch(1), gpu.launch(2)],
+                                      batch=4, evict=gpu.evict)
+        self.assertEqual(len(gpu.graphs), 1)  # captured once
+        # The calls rotate over the sets within the batch, as the C++ benchmark's capture does.
+        self.assertIsNone(gpu.graphs[0].nodes)  # reset after the timing: its memory freed
+        self.assertEqual(gpu.graphs[0].replays, 1 + 4 * 100)  # the check's replay, then 100 a sample
+        self.assertEqual(len(timed["times"]), 3)
+        for t in timed["times"]:
+            self.assertAlmostEqual(t, 0.5e-3)  # per call: neither the eviction nor the hold is timed
+        replays = gpu.calls[gpu.calls.index("evict"):]
+        self.assertEqual(replays[:10], ["evict", 0, 1, 2, 0, "evict", 0, 1, 2, 0])
+        self.assertEqual(timed["kernels"], [])
+
+    def test_the_warm_up_before_capture_and_the_eager_check(self):
+        gpu = _FakeGraphGpu(launch_ms=1.0)
+        pb.time_graph_samples(self.env(gpu, repetitions=1, warmup=0, min_time_s=0.0),
+                              [gpu.launch(0), gpu.launch(1)], batch=3, evict=gpu.evict)
+        # Eager warm-up of the first calls (no more than the batch, at most 3), the check's replay
+        # (0, 1, 0), the same last call eagerly (0), then one timed pass.
+        self.assertEqual(gpu.calls, [0, 1, 0, 1, 0, 0, "evict", 0, 1, 0])
+
+    def test_a_replay_that_differs_from_the_eager_call_is_an_error(self):
+        gpu = _FakeGraphGpu(launch_ms=1.0, replay_differs=True)
+        with self.assertRaisesRegex(RuntimeError, "differs from the same call run eagerly"):
+            pb.time_graph_samples(self.env(gpu, repetitions=1), [gpu.launch(0)], batch=2, evict=gpu.evict)
+        self.assertNotIn("evict", gpu.calls)  # nothing timed
+
+    def test_same_outputs(self):
+        class Torch:
+            @staticmethod
+            def equal(a, b):
+                return a == b
+
+        self.assertTrue(pb._same_outputs(Torch, (1, [2, 3]), (1, [2, 3])))
+        self.assertFalse(pb._same_outputs(Torch, (1, [2, 3]), (1, [2, 4])))
+        self.assertFalse(pb._same_outputs(Torch, (1, 2), (1, 2, 3)))
+        self.assertFalse(pb._same_outputs(Torch, (1,), 1))
+        self.assertTrue(pb._same_outputs(Torch, 5, 5))
+
+
+class ChapterTimingTest(unittest.TestCase):
+    def test_chapter_4_follows_its_cpp_rows_and_the_others_the_default(self):
+        ch04 = pb.chapter_context(CONTEXT, "ch04", pb.MIN_TIME_S)
+        self.assertEqual(ch04["min_time_s"], "0.1")  # bench/04's MinTime(0.1)
+        self.assertEqual(ch04["timing"], kr.GRAPH_REPLAY_TIMING)
+        ch01 = pb.chapter_context(CONTEXT, "ch01", pb.MIN_TIME_S)
+        self.assertEqual(ch01["min_time_s"], str(pb.MIN_TIME_S))
+        self.assertNotIn("timing", ch01)
+        self.assertNotIn("timing", CONTEXT)  # the shared context is not changed
+
+    def test_the_baseline_line_of_a_graph_timed_file(self):
+        line = kr._baseline_timing(pb.chapter_context(CONTEXT, "ch04", pb.MIN_TIME_S))
+        self.assertTrue(line.startswith("`pytorch`: each sample at least 0.1 s of GPU time in replays of a CUDA graph"),
+                        line)
+        self.assertIn("`pytorch_eager`: the same calls launched one by one", line)
+
+    def test_run_gives_chapter_4_its_own_sample_time(self):
+        seen = {}
+
+        def fake_baseline(env):
+            seen["min_time_s"] = env.min_time_s
+            return [pb.CaseResult(chapter="ch04", case="A", times_s=[1e-3], min_bytes=1.0)]
+
+        with tempfile.TemporaryDirectory() as out, \
+                mock.patch.dict(sys.modules, {"torch": _FakeTorchModule}), \
+                mock.patch.dict(pb.BASELINES, {"ch04": fake_baseline}):
+            pb.run(["ch04"], out, repetitions=1, log=lambda _: None)
+            with open(os.path.join(out, "ch04_pytorch.json"), encoding="utf-8") as f:
+                context = json.load(f)["context"]
+        self.assertEqual(seen["min_time_s"], 0.1)
+        self.assertEqual((context["min_time_s"], context["timing"]), ("0.1", kr.GRAPH_REPLAY_TIMING))
+
+    def test_both_rows_of_a_case_share_one_line_of_the_kernels_table(self):
+        results = [pb.CaseResult(chapter="ch04", case=case, times_s=[1e-4], min_bytes=1.0, variant=variant,
+                                 kernels=["softmax", "topk"])
+                   for case in ("T16", "T1") for variant in ("pytorch", "pytorch_eager")]
+        doc = pb.build_benchmark_json(CONTEXT, results)
+        pb.add_kernel_labels(doc, results)
+        bench = kr.parse_benchmark_json(pb.build_benchmark_json(CONTEXT, []), "ch04_bench.json")
+        page = kr.render_chapter_markdown(kr.ChapterResults("ch04", [bench, kr.parse_benchmark_json(
+            doc, "ch04_pytorch.json")], {}, False))
+        self.assertIn("What the `pytorch`, `pytorch_eager` rows ran", page)
+        self.assertIn("| `softmax` → `topk` | `T1`, `T16` |", page)
 
 
 # The shape of the mangled name torch.profiler gives a CUTLASS 3 grouped GEMM (shortened: the real
