@@ -689,8 +689,8 @@ def _run_lines(results: ChapterResults) -> List[str]:
     return lines
 
 
-# A baseline file's context "timing" when its `pytorch` rows replay a CUDA graph of the calls (as
-# Chapter 4's C++ rows do) and its `pytorch_eager` rows launch them one by one.
+# A baseline file's context "timing" when its `pytorch` rows replay a CUDA graph of the calls and its
+# `pytorch_eager` rows launch them one by one.
 GRAPH_REPLAY_TIMING = "graph_replay"
 
 
@@ -702,8 +702,8 @@ def _baseline_timing(context: Dict[str, Any]) -> str:
     min_time = _clean(context.get("min_time_s"))
     if min_time and _clean(context.get("timing")) == GRAPH_REPLAY_TIMING:
         return ("`pytorch`: each sample at least %s s of GPU time in replays of a CUDA graph of the calls, the L2 "
-                "emptied before each replay, as the C++ rows; `pytorch_eager`: the same calls launched one by one "
-                "from Python" % min_time)
+                "emptied before each replay (the GPU's time, without the host's dispatch); `pytorch_eager`: the "
+                "same calls launched one by one from Python, each sample as long" % min_time)
     if min_time:
         return "each sample at least %s s of GPU time, as the C++ repetitions" % min_time
     return "timed in bursts of a few milliseconds (the older method: fast where the GPU is power-bound)"

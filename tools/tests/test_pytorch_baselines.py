@@ -435,10 +435,10 @@ class _FakeGraphGpu(_FakeGpu):
         def run():
             if self.capturing is not None:
                 self.capturing.nodes.append(which)
-                return mock.Mock(which=which, captured=True)
+                return mock.Mock(which=which, captured=True, is_floating_point=lambda: False)
             self.calls.append(which)
             self.now_ms += self.launch_ms
-            return mock.Mock(which=which, captured=False)
+            return mock.Mock(which=which, captured=False, is_floating_point=lambda: False)
 
         return run
 
@@ -482,16 +482,37 @@ class TimeGraphSamplesTest(unittest.TestCase):
         self.assertNotIn("evict", gpu.calls)  # nothing timed
 
     def test_same_outputs(self):
+        class Tensor:
+            def __init__(self, value, floating=False, shape=(1,)):
+                self.value, self.floating, self.shape = value, floating, shape
+
+            def is_floating_point(self):
+                return self.floating
+
+            def float(self):
+                return self
+
         class Torch:
             @staticmethod
             def equal(a, b):
-                return a == b
+                return a.value == b.value
 
-        self.assertTrue(pb._same_outputs(Torch, (1, [2, 3]), (1, [2, 3])))
-        self.assertFalse(pb._same_outputs(Torch, (1, [2, 3]), (1, [2, 4])))
-        self.assertFalse(pb._same_outputs(Torch, (1, 2), (1, 2, 3)))
-        self.assertFalse(pb._same_outputs(Torch, (1,), 1))
-        self.assertTrue(pb._same_outputs(Torch, 5, 5))
+            @staticmethod
+            def allclose(a, b, rtol, atol):
+                return abs(a.value - b.value) <= atol + rtol * abs(b.value)
+
+        def t(*values, **kw):
+            return [Tensor(v, **kw) for v in values]
+
+        self.assertTrue(pb._same_outputs(Torch, (t(1)[0], t(2, 3)), (t(1)[0], t(2, 3))))
+        self.assertFalse(pb._same_outputs(Torch, (t(1)[0], t(2, 3)), (t(1)[0], t(2, 4))))
+        self.assertFalse(pb._same_outputs(Torch, tuple(t(1, 2)), tuple(t(1, 2, 3))))
+        self.assertFalse(pb._same_outputs(Torch, tuple(t(1)), t(1)[0]))
+        # Floating point: another rounding passes, another result does not; integers must be equal.
+        self.assertTrue(pb._same_outputs(Torch, Tensor(1.0, True), Tensor(1.005, True)))
+        self.assertFalse(pb._same_outputs(Torch, Tensor(1.0, True), Tensor(1.5, True)))
+        self.assertFalse(pb._same_outputs(Torch, Tensor(1.0, True), Tensor(1.005, True, shape=(2,))))
+        self.assertFalse(pb._same_outputs(Torch, Tensor(1), Tensor(2)))
 
 
 class ChapterTimingTest(unittest.TestCase):
@@ -509,6 +530,8 @@ class ChapterTimingTest(unittest.TestCase):
         self.assertTrue(line.startswith("`pytorch`: each sample at least 0.1 s of GPU time in replays of a CUDA graph"),
                         line)
         self.assertIn("`pytorch_eager`: the same calls launched one by one", line)
+        ch03 = pb.chapter_context(CONTEXT, "ch03", pb.MIN_TIME_S)  # graph-timed, the default sample time
+        self.assertEqual((ch03["min_time_s"], ch03["timing"]), (str(pb.MIN_TIME_S), kr.GRAPH_REPLAY_TIMING))
 
     def test_run_gives_chapter_4_its_own_sample_time(self):
         seen = {}
