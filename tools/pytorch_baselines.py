@@ -312,11 +312,29 @@ def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) ->
     and, after the timing, what one more call of ``launches[0]`` launched (``kernels``: short names in
     launch order, back-to-back repeats counted by collapse_repeats; empty without
     ``env.kernel_names``)."""
+    count = len(launches)
+    index = 0
+
+    def run_batch() -> None:
+        nonlocal index
+        for _ in range(batch):
+            launches[index]()
+            index = index + 1 if index + 1 < count else 0
+
+    return _timed_samples(env, launches, batch, run_batch)
+
+
+def _timed_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int, run_batch: Callable[[], None],
+                   before_hold: Optional[Callable[[], Any]] = None) -> Dict[str, List[float]]:
+    """The sampling time_samples and time_graph_samples share: ``env.warmup`` untimed samples, then
+    ``env.repetitions`` timed ones, each running passes until their GPU time reaches
+    ``env.min_time_s`` (at least one). A pass runs ``before_hold`` (untimed), holds the stream,
+    records the start event, enqueues ``batch`` calls with ``run_batch``, records the end event and
+    waits for it. Per sample: GPU time and host thread time over the calls; then the kernels of one
+    call of ``launches[0]`` where ``env.kernel_names`` lists them."""
     torch = env.torch
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
-    count = len(launches)
-    index = 0
     times: List[float] = []
     cpu_times: List[float] = []
     for sample in range(env.warmup + env.repetitions):
@@ -325,14 +343,14 @@ def time_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: int) ->
         launched = 0
         while launched == 0 or gpu_s < env.min_time_s:
             cpu0 = time.thread_time()
+            if before_hold is not None:
+                before_hold()
             # As kc::EventTimer does: hold the stream on the GPU for a moment before the start event,
             # so the start fires once the first launches are queued and the GPU never waits on the
             # host's cost of the first launch inside the timed span.
             torch.cuda._sleep(HOLD_CYCLES)
             start.record()
-            for _ in range(batch):
-                launches[index]()
-                index = index + 1 if index + 1 < count else 0
+            run_batch()
             end.record()
             end.synchronize()
             cpu_s += time.thread_time() - cpu0
@@ -386,33 +404,9 @@ def time_graph_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: i
     if not _same_outputs(torch, captured, eager):
         raise RuntimeError("a replay of the captured calls differs from the same call run eagerly")
     del captured, eager
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    times: List[float] = []
-    cpu_times: List[float] = []
-    for sample in range(env.warmup + env.repetitions):
-        gpu_s = 0.0
-        cpu_s = 0.0
-        launched = 0
-        while launched == 0 or gpu_s < env.min_time_s:
-            cpu0 = time.thread_time()
-            evict()
-            torch.cuda._sleep(HOLD_CYCLES)  # as time_samples: the start waits behind a hold
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            cpu_s += time.thread_time() - cpu0
-            gpu_s += start.elapsed_time(end) * 1e-3
-            launched += batch
-        if sample >= env.warmup:
-            times.append(gpu_s / launched)
-            cpu_times.append(cpu_s / launched)
+    timed = _timed_samples(env, launches, batch, graph.replay, before_hold=evict)
     graph.reset()  # frees the graph's memory pool now, not when the garbage collector finds it
-    kernels = []
-    if env.kernel_names is not None:
-        kernels = collapse_repeats([short_kernel_name(n) for n in env.kernel_names(launches[0])])
-    return {"times": times, "cpu_times": cpu_times, "kernels": kernels}
+    return timed
 
 
 def _same_outputs(torch: Any, a: Any, b: Any) -> bool:
