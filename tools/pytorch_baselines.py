@@ -379,7 +379,8 @@ def time_graph_samples(env: Env, launches: Sequence[Callable[[], Any]], batch: i
     several operators, longer than their kernels take on a small input).
 
     Before any timing, the replay is checked against an eager call: the outputs of the last call
-    captured must agree with what the same call returns run eagerly (_same_outputs), or RuntimeError. Returns what time_samples returns; ``cpu_times`` is the host's thread time of a
+    captured must agree with what the same call returns run eagerly (_same_outputs), or
+    RuntimeError. Returns what time_samples returns; ``cpu_times`` is the host's thread time of a
     pass (eviction, hold, replay, wait) over its calls."""
     torch = env.torch
     count = len(launches)
@@ -430,6 +431,23 @@ def l2_evictor(env: Env) -> Callable[[], Any]:
     torch = env.torch
     words = torch.zeros(max(1, 2 * env.l2_bytes // 4), device=env.device, dtype=torch.int32)
     return lambda: words.sum()
+
+
+def graph_and_eager_results(env: Env, chapter: str, case: str, launches: Sequence[Callable[[], Any]], batch: int,
+                            evict: Callable[[], Any], **fields: Any) -> List[CaseResult]:
+    """The two rows of a case of a graph-timed chapter (CHAPTER_TIMING), each logged: ``pytorch``
+    from time_graph_samples (what PyTorch's kernels take) and ``pytorch_eager`` from time_samples
+    over the same calls (what a script without graphs gets). ``fields`` are the CaseResult's other
+    fields (min_bytes, flop_count, counters). Both rows ran the same call, so the --kernels pass
+    lists its kernels once, in the graph timing, and gives them to both."""
+    graph = time_graph_samples(env, launches, batch, evict)
+    eager = time_samples(dataclasses.replace(env, kernel_names=None), launches, batch)
+    results = []
+    for variant, timed in (("pytorch", graph), ("pytorch_eager", eager)):
+        results.append(CaseResult(chapter=chapter, case=case, variant=variant, times_s=timed["times"],
+                                  cpu_times_s=timed["cpu_times"], kernels=graph["kernels"], **fields))
+        env.log("%s %s %s: median %.1f us per launch" % (chapter, variant, case, _median(timed["times"]) * 1e6))
+    return results
 
 
 def profile_kernels(torch: Any, launch: Callable[[], Any], log: Callable[[str], None] = print) -> List[str]:
@@ -579,8 +597,8 @@ def ch03_min_bytes(m: int, n: int, k: int, epilogue: str) -> float:
 def ch03_fused_epilogue(env: Env) -> List[CaseResult]:
     """As a PyTorch user writes it: gelu(F.linear(x, w, b), approximate="tanh") + residual, and
     SwiGLU as one F.linear on the stacked [gate; up] weights, chunk(2, -1), silu(gate) * up.
-    Each case gives two rows: ``pytorch`` from time_graph_samples (a graph replay, the L2 emptied
-    before it) and ``pytorch_eager`` from time_samples (the calls launched one by one)."""
+    Each case gives two rows (graph_and_eager_results): ``pytorch``, a graph replay (at M <= 128 a
+    call's three or four operators cost the host more than their kernels run), and ``pytorch_eager``."""
     torch = env.torch
     functional = torch.nn.functional
     generator = torch.Generator(device=env.device)
@@ -610,17 +628,9 @@ def ch03_fused_epilogue(env: Env) -> List[CaseResult]:
                     y = functional.gelu(functional.linear(x, w, b), approximate="tanh")
                     return y + residual if residual is not None else y
                 launches.append(layer)
-        label = ch03_case_label(m, n, k, epilogue)
-        # pytorch: a graph replay, so the row is what PyTorch's kernels take (at M <= 128 a call's
-        # three or four operators cost the host more than their kernels run); pytorch_eager: the
-        # calls launched one by one from Python, as a script without graphs runs them.
-        for variant, timed in (("pytorch", time_graph_samples(env, launches, batch, evict)),
-                               ("pytorch_eager", time_samples(env, launches, batch))):
-            results.append(CaseResult(chapter="ch03", case=label, variant=variant, times_s=timed["times"],
-                                      cpu_times_s=timed["cpu_times"], kernels=timed["kernels"],
-                                      min_bytes=min_bytes, flop_count=2.0 * m * n * k,
-                                      counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
-            env.log("ch03 %s %s: median %.1f us per launch" % (variant, label, _median(timed["times"]) * 1e6))
+        results += graph_and_eager_results(
+            env, "ch03", ch03_case_label(m, n, k, epilogue), launches, batch, evict, min_bytes=min_bytes,
+            flop_count=2.0 * m * n * k, counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)})
         del launches
         torch.cuda.empty_cache()
     return results
@@ -661,9 +671,8 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
     nothing but its atomics contend (Session 32 in docs/notes/ch04.md). The C++ kernels count on the
     device without waiting, and so does this (a call that waits on the host could not be captured).
 
-    Each case gives two rows, as the chapter's C++ rows are timed and as a script runs it:
-    ``pytorch`` from time_graph_samples (a graph replay, the L2 emptied before it) and
-    ``pytorch_eager`` from time_samples (the calls launched one by one)."""
+    Each case gives two rows (graph_and_eager_results): ``pytorch``, timed as the chapter's C++ rows
+    are (a graph replay, the L2 emptied first), and ``pytorch_eager``, as a script runs it."""
     torch = env.torch
     generator = torch.Generator(device=env.device)
     generator.manual_seed(env.seed)
@@ -704,17 +713,9 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
         fn = dsv3 if case["dsv3"] else softmax_topk
         slab = torch.empty(sets, t, e, device=env.device, dtype=torch.float32).uniform_(-4.0, 4.0, generator=generator)
         launches = [functools.partial(fn, slab[i], k, e) for i in range(sets)]
-        counters = {"launches_per_batch": float(batch), "rotating_sets": float(sets)}
-        # pytorch: timed as the C++ rows are (a graph replay, the L2 emptied first), so the row is
-        # what PyTorch's kernels take; pytorch_eager: the same calls launched one by one from Python,
-        # as a script without graphs runs them (where its host is slower than its kernels, the host).
-        for variant, timed in (("pytorch", time_graph_samples(env, launches, batch, evict)),
-                               ("pytorch_eager", time_samples(env, launches, batch))):
-            results.append(CaseResult(chapter="ch04", case=case["label"], variant=variant, times_s=timed["times"],
-                                      cpu_times_s=timed["cpu_times"], kernels=timed["kernels"],
-                                      min_bytes=min_bytes, counters=dict(counters)))
-            env.log("ch04 %s %s: median %.1f us per launch" % (variant, case["label"],
-                                                               _median(timed["times"]) * 1e6))
+        results += graph_and_eager_results(
+            env, "ch04", case["label"], launches, batch, evict, min_bytes=min_bytes,
+            counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)})
         del launches, slab
         torch.cuda.empty_cache()
     return results

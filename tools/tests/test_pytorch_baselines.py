@@ -361,8 +361,8 @@ class TimeSamplesTest(unittest.TestCase):
 class _FakeGraphGpu(_FakeGpu):
     """_FakeGpu with CUDA graphs: a launch made while a graph captures is recorded in it and runs
     nothing; a replay runs the recorded launches. A launch returns an output that equals another
-    call's of the same ``which`` or, with ``replay_differs``, differs between a replayed and an eager call. The L2 eviction
-    is a launch of its own ("evict", 0.05 ms), outside the events."""
+    call's of the same ``which`` or, with ``replay_differs``, differs between a replayed and an
+    eager call. The L2 eviction is a launch of its own ("evict", 0.05 ms), outside the events."""
 
     def __init__(self, launch_ms, replay_differs=False):
         super().__init__(launch_ms)
@@ -457,12 +457,13 @@ class TimeGraphSamplesTest(unittest.TestCase):
         timed = pb.time_graph_samples(self.env(gpu, repetitions=3), [gpu.launch(0), gpu.launch(1), gpu.launch(2)],
                                       batch=4, evict=gpu.evict)
         self.assertEqual(len(gpu.graphs), 1)  # captured once
-        # The calls rotate over the sets within the batch, as the C++ benchmark's capture does.
         self.assertIsNone(gpu.graphs[0].nodes)  # reset after the timing: its memory freed
         self.assertEqual(gpu.graphs[0].replays, 1 + 4 * 100)  # the check's replay, then 100 a sample
         self.assertEqual(len(timed["times"]), 3)
         for t in timed["times"]:
             self.assertAlmostEqual(t, 0.5e-3)  # per call: neither the eviction nor the hold is timed
+        # Each pass evicts, then replays; the calls rotate over the sets within the batch, as the C++
+        # benchmark's capture does.
         replays = gpu.calls[gpu.calls.index("evict"):]
         self.assertEqual(replays[:10], ["evict", 0, 1, 2, 0, "evict", 0, 1, 2, 0])
         self.assertEqual(timed["kernels"], [])
@@ -515,6 +516,33 @@ class TimeGraphSamplesTest(unittest.TestCase):
         self.assertFalse(pb._same_outputs(Torch, Tensor(1), Tensor(2)))
 
 
+class GraphAndEagerResultsTest(unittest.TestCase):
+    def test_two_rows_of_one_case_and_one_kernel_listing(self):
+        gpu = _FakeGraphGpu(launch_ms=1.0)
+        listed = []
+
+        def names_of(launch):
+            listed.append(launch)
+            return ["void softmax<4>(float*)", "void topk<8>(float*)"]
+
+        env = pb.Env(torch=gpu.torch, device=None, l2_bytes=0, repetitions=2, warmup=0, min_time_s=0.0,
+                     log=lambda _: None, kernel_names=names_of)
+        launches = [gpu.launch(0), gpu.launch(1)]
+        rows = pb.graph_and_eager_results(env, "ch04", "T16", launches, 2, gpu.evict, min_bytes=8.0,
+                                          counters={"launches_per_batch": 2.0})
+        self.assertEqual([(r.chapter, r.case, r.variant) for r in rows],
+                         [("ch04", "T16", "pytorch"), ("ch04", "T16", "pytorch_eager")])
+        self.assertEqual(listed, [launches[0]])  # one profiled call for both rows
+        for row in rows:
+            self.assertEqual(row.kernels, ["softmax", "topk"])
+            self.assertEqual((row.min_bytes, row.counters), (8.0, {"launches_per_batch": 2.0}))
+            self.assertEqual([round(t, 9) for t in row.times_s], [1e-3, 1e-3])
+        # The graph row's passes evict first; the eager row's do not.
+        graph_part, eager_part = gpu.calls[:gpu.calls.index("evict") + 6], gpu.calls[gpu.calls.index("evict") + 6:]
+        self.assertEqual(graph_part[-6:], ["evict", 0, 1, "evict", 0, 1])
+        self.assertEqual(eager_part, [0, 1, 0, 1])
+
+
 class ChapterTimingTest(unittest.TestCase):
     def test_chapter_4_follows_its_cpp_rows_and_the_others_the_default(self):
         ch04 = pb.chapter_context(CONTEXT, "ch04", pb.MIN_TIME_S)
@@ -540,9 +568,7 @@ class ChapterTimingTest(unittest.TestCase):
             seen["min_time_s"] = env.min_time_s
             return [pb.CaseResult(chapter="ch04", case="A", times_s=[1e-3], min_bytes=1.0)]
 
-        with tempfile.TemporaryDirectory() as out, \
-                mock.patch.dict(sys.modules, {"torch": _FakeTorchModule}), \
-                mock.patch.dict(pb.BASELINES, {"ch04": fake_baseline}):
+        with _fake_torch_and_baseline("ch04", fake_baseline) as out:
             pb.run(["ch04"], out, repetitions=1, log=lambda _: None)
             with open(os.path.join(out, "ch04_pytorch.json"), encoding="utf-8") as f:
                 context = json.load(f)["context"]
@@ -722,6 +748,16 @@ class _FakeTorchModule:
         return (kind, index)
 
 
+@contextlib.contextmanager
+def _fake_torch_and_baseline(chapter_id, fn):
+    """A temporary output folder, with the fake torch module in place and ``fn`` registered as
+    ``chapter_id``'s baseline, for run() and list_kernels()."""
+    with tempfile.TemporaryDirectory() as out, \
+            mock.patch.dict(sys.modules, {"torch": _FakeTorchModule}), \
+            mock.patch.dict(pb.BASELINES, {chapter_id: fn}):
+        yield out
+
+
 class ProfilerOnlyInTheKernelsPassTest(unittest.TestCase):
     def test_the_timed_pass_never_lists_kernels_and_the_kernels_pass_does(self):
         seen = {}
@@ -731,9 +767,7 @@ class ProfilerOnlyInTheKernelsPassTest(unittest.TestCase):
             seen["min_time_s"] = env.min_time_s
             return [pb.CaseResult(chapter="ch99", case="A", times_s=[1e-3], min_bytes=1.0)]
 
-        with tempfile.TemporaryDirectory() as out, \
-                mock.patch.dict(sys.modules, {"torch": _FakeTorchModule}), \
-                mock.patch.dict(pb.BASELINES, {"ch99": fake_baseline}):
+        with _fake_torch_and_baseline("ch99", fake_baseline) as out:
             pb.run(["ch99"], out, repetitions=1, log=lambda _: None)
             self.assertIsNone(seen["kernel_names"])
             self.assertEqual(seen["min_time_s"], pb.MIN_TIME_S)
@@ -750,9 +784,7 @@ class KernelsPassLogTest(unittest.TestCase):
             return [pb.CaseResult(chapter="ch99", case="A", times_s=[1e-3], min_bytes=1.0)]
 
         timed_lines, kernels_lines = [], []
-        with tempfile.TemporaryDirectory() as out, \
-                mock.patch.dict(sys.modules, {"torch": _FakeTorchModule}), \
-                mock.patch.dict(pb.BASELINES, {"ch99": fake_baseline}):
+        with _fake_torch_and_baseline("ch99", fake_baseline) as out:
             pb.run(["ch99"], out, repetitions=1, log=timed_lines.append)
             pb.list_kernels(["ch99"], out, log=kernels_lines.append)
         self.assertIn("ch99 A: median 1.0 us per launch", timed_lines)
