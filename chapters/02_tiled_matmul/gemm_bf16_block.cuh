@@ -237,7 +237,9 @@ struct NoEpilogue {
 //   2. the bias of the tile's columns and the residual's rows are copied in with cp.async, at the
 //      same time, so the loop never waits on global memory;
 //   3. each thread takes 4 neighbouring outputs of a row at a time: one 16-byte shared load, the
-//      epilogue's math in fp32, one 8-byte store; a warp stores 256 contiguous bytes of C.
+//      epilogue's math in fp32, one 8-byte store; a warp stores 256 contiguous bytes of C. A
+//      thread keeps the same 4 columns in every row it visits, so their bias is read once and its
+//      next group is a pointer step away.
 // When the staging area does not fit the pipeline's shared memory (the large tile: 128 rows x 264
 // floats + the residual > 192 KiB), the tile is finished in two halves of rows.
 // Odd shapes (N % 8 != 0) and pointers that are not 16-byte aligned take the same loop, but read
@@ -321,14 +323,13 @@ struct BiasActivationResidual {
   bool vector;              ///< n % 8 == 0 and c, bias, residual 16-byte aligned: cp.async staging, 8-byte stores
   bool prefetched = false;  ///< vector, and the launch added Prefetch<Cfg>::bytes of shared memory
 
-  /// Four outputs at (row, col..col+3) of C, bias and residual already in shared memory.
-  __device__ void finish4(float (&x)[4], const __nv_bfloat16* bias4, const __nv_bfloat16* residual4,
+  /// Four outputs at (row, col..col+3) of C: @p bias4 the bias of those columns (read once per
+  /// thread from shared memory), the residual already in shared memory.
+  __device__ void finish4(float (&x)[4], const float (&bias4)[4], const __nv_bfloat16* residual4,
                           __nv_bfloat16* out) const {
     if (bias != nullptr) {
-      float b[4];
-      load4(b, bias4);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] += b[e];
+      for (int e = 0; e < 4; ++e) x[e] += bias4[e];
     }
     activate4(x, activation);
     if (residual != nullptr) {
@@ -374,14 +375,12 @@ struct SwiGlu {
   bool vector;                                 ///< n % 8 == 0 and c, bias 16-byte aligned
   bool prefetched = false;                     ///< vector, and the launch added Prefetch<Cfg>::bytes
 
-  /// Two outputs from the accumulators of W columns col..col+3 (gate, up, gate, up), bias already in
-  /// shared memory; one 4-byte store at @p out.
-  __device__ void finish4(float (&x)[4], const __nv_bfloat16* bias4, const __nv_bfloat16*, __nv_bfloat16* out) const {
+  /// Two outputs from the accumulators of W columns col..col+3 (gate, up, gate, up), @p bias4 the
+  /// bias of those columns; one 4-byte store at @p out.
+  __device__ void finish4(float (&x)[4], const float (&bias4)[4], const __nv_bfloat16*, __nv_bfloat16* out) const {
     if (bias != nullptr) {
-      float b[4];
-      load4(b, bias4);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] += b[e];
+      for (int e = 0; e < 4; ++e) x[e] += bias4[e];
     }
     *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(silu(x[0]) * x[1], silu(x[2]) * x[3]);
   }
@@ -510,6 +509,8 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
   constexpr int kMTiles = Cfg::warp_m / 16;
   constexpr int kNTiles = Cfg::warp_n / 8;
   constexpr int kChunksPerTileRow = Cfg::block_n / 8;  // 16-byte chunks of a row of bias / residual
+  static_assert(Cfg::threads % S::groups_per_row == 0, "the block's threads cover whole staged rows");
+  constexpr int kRowsPerStep = Cfg::threads / S::groups_per_row;  // rows the block finishes per step
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   float* staged = reinterpret_cast<float*>(smem);
@@ -572,21 +573,40 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
     cp_async_wait<0>();
     __syncthreads();
 
-    // Step 3: groups of 4 accumulators of a row, consecutive threads on consecutive groups.
-#pragma unroll 2  // two groups in flight: the loop is latency-bound at the end of a single-wave grid
-    for (int g = tid; g < S::part_rows * S::groups_per_row; g += Cfg::threads) {
-      const int r = g / S::groups_per_row;
-      const int col = g % S::groups_per_row * 4;
-      if (part_row0 + r >= rows_left || col >= cols_left) continue;
-      const float4 v = *reinterpret_cast<const float4*>(&staged[r * S::acc_ld + col]);
-      float x[4] = {v.x, v.y, v.z, v.w};
-      const std::int64_t row = block_row0 + part_row0 + r;
+    // Step 3: groups of 4 accumulators of a row. A block's threads cover kRowsPerStep whole rows
+    // at a time (consecutive threads on consecutive groups, so a warp stores contiguous bytes), and
+    // a thread keeps the same column group in every row it visits: its bias is read once, and
+    // moving to its next group is a pointer increment, not an index to divide and multiply out
+    // again. At 4096^3 the large tile's epilogue is issue-bound (8 warps on 4 schedulers, nothing
+    // else on the SM), so each instruction a group saves counts (docs/notes/ch03.md, Session 35).
+    const int col = tid % S::groups_per_row * 4;
+    const int first_row = tid / S::groups_per_row;
+    const int rows_here = rows_left - part_row0 < S::part_rows ? rows_left - part_row0 : S::part_rows;
+    if (col < cols_left) {
+      const float* from = staged + first_row * S::acc_ld + col;
       if (epilogue.vector) {  // cols_left is then a multiple of 8: the whole group exists
-        __nv_bfloat16* out = c + row * ldc + (block_col0 + col) * Epilogue::outputs_per_group / 4;
-        epilogue.finish4(x, bias_tile + col, residual_tile + r * residual_ld + col, out);
+        float bias4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (epilogue.bias != nullptr) load4(bias4, bias_tile + col);
+        const __nv_bfloat16* residual4 = residual_tile + first_row * residual_ld + col;
+        __nv_bfloat16* out =
+            c + (block_row0 + part_row0 + first_row) * ldc + (block_col0 + col) * Epilogue::outputs_per_group / 4;
+#pragma unroll 2  // two groups in flight: the loop is latency-bound at the end of a single-wave grid
+        for (int r = first_row; r < rows_here; r += kRowsPerStep) {
+          const float4 v = *reinterpret_cast<const float4*>(from);
+          float x[4] = {v.x, v.y, v.z, v.w};
+          epilogue.finish4(x, bias4, residual4, out);
+          from += kRowsPerStep * S::acc_ld;
+          residual4 += kRowsPerStep * residual_ld;
+          out += kRowsPerStep * ldc;
+        }
       } else {
         const int count = cols_left - col < 4 ? cols_left - col : 4;
-        epilogue.finish_each(x, count, row, block_col0 + col, c);
+        for (int r = first_row; r < rows_here; r += kRowsPerStep) {
+          const float4 v = *reinterpret_cast<const float4*>(from);
+          float x[4] = {v.x, v.y, v.z, v.w};
+          epilogue.finish_each(x, count, block_row0 + part_row0 + r, block_col0 + col, c);
+          from += kRowsPerStep * S::acc_ld;
+        }
       }
     }
   }
