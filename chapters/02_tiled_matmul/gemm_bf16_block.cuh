@@ -577,8 +577,10 @@ __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& 
     // at a time (consecutive threads on consecutive groups, so a warp stores contiguous bytes), and
     // a thread keeps the same column group in every row it visits: its bias is read once, and
     // moving to its next group is a pointer increment, not an index to divide and multiply out
-    // again. At 4096^3 the large tile's epilogue is issue-bound (8 warps on 4 schedulers, nothing
-    // else on the SM), so each instruction a group saves counts (docs/notes/ch03.md, Session 35).
+    // again. At 4096^3 the large tile's epilogue has the SM to itself (8 warps on 4 schedulers,
+    // one block), so nothing hides its steps: with the old loop (an index per group) the fused
+    // kernel took 3 % longer than the GEMM alone, with this one it is level (docs/notes/ch03.md,
+    // Session 35).
     const int col = tid % S::groups_per_row * 4;
     const int first_row = tid / S::groups_per_row;
     const int rows_here = rows_left - part_row0 < S::part_rows ? rows_left - part_row0 : S::part_rows;
