@@ -23,13 +23,19 @@
 // 60 MB L2 (470 MB to 15 GB), so one input set is enough: nothing survives in L2 between launches.
 // Launches take milliseconds: one launch per event pair.
 //
+// KC_TUNE=1 registers the tuning rows instead (for docs/notes, not the results tables): the one
+// launch on both tiles with C stored from registers and through shared memory (staged_store), beside
+// the cuBLAS loop, in one process with interleaved repetitions.
+//
 // Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 40 benchmarks
 // × 5 repetitions × ~0.3 s (MinTime 0.2 s of launches of 1-20 ms) ≈ 60 s, plus set-up (allocating
 // and filling up to 15 GB of weights per benchmark, ~0.1 s) ≈ 20 s: about 80 s in all.
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -53,7 +59,18 @@ struct Case {
   std::vector<std::int32_t> sizes;
 };
 
-enum class Variant { before, one_launch_row_major, one_launch_grouped, one_launch_wide, cublas_loop, cublas_grouped };
+enum class Variant {
+  before,
+  one_launch_row_major,
+  one_launch_grouped,
+  one_launch_wide,
+  one_launch_staged,       // tuning: `after` with staged_store
+  one_launch_wide_staged,  // tuning: the wide tile with staged_store
+  cublas_loop,
+  cublas_grouped
+};
+
+bool is_wide(Variant v) { return v == Variant::one_launch_wide || v == Variant::one_launch_wide_staged; }
 
 void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
@@ -80,12 +97,14 @@ void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
       case Variant::before: kc::ch05::grouped_gemm_loop(s, a.data(), w.data(), c.data(), host_offsets, stream); break;
       case Variant::one_launch_row_major:
       case Variant::one_launch_grouped:
-      case Variant::one_launch_wide: {
+      case Variant::one_launch_wide:
+      case Variant::one_launch_staged:
+      case Variant::one_launch_wide_staged: {
         const kc::ch05::GroupedGemmOptions options{
             variant == Variant::one_launch_row_major ? kc::ch05::TileOrder::row_major : kc::ch05::TileOrder::grouped,
             kc::ch05::kDefaultGroupM,
-            variant == Variant::one_launch_wide ? kc::ch05::GroupedTile::wide_128x256
-                                                : kc::ch05::GroupedTile::square_128x128};
+            is_wide(variant) ? kc::ch05::GroupedTile::wide_128x256 : kc::ch05::GroupedTile::square_128x128,
+            variant == Variant::one_launch_staged || variant == Variant::one_launch_wide_staged};
         kc::ch05::grouped_gemm(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                                options, stream);
         break;
@@ -137,28 +156,25 @@ std::vector<Case> cases() {
           uniform_case(8, 4096, 28672, 4096)};
 }
 
-void register_benchmarks(const kc::DeviceInfo& device) {
-  const std::vector<Case> all = cases();
-  std::vector<std::string> labels;
-  for (const Case& cs : all) labels.push_back(cs.label);
-  kc::bench::check_case_labels(labels);
-  const struct {
-    const char* name;
-    Variant v;
-  } variants[] = {{"before", Variant::before},
-                  {"step1_one_launch_rowmajor", Variant::one_launch_row_major},
-                  {"after", Variant::one_launch_grouped},
-                  {"step2_one_launch_wide_tile", Variant::one_launch_wide},
-                  {"vendor_cublas_loop", Variant::cublas_loop},
-                  {"vendor_cublas_grouped", Variant::cublas_grouped}};
+// Weights, A and C of the case must fit with room to spare (the Mixtral and 256-expert cases need
+// 4-16 GB): skip on smaller GPUs rather than fail.
+bool fits_device(const Case& cs, const kc::DeviceInfo& device) {
+  const double bytes = 2.0 * (static_cast<double>(cs.shape.experts) * cs.shape.n * cs.shape.k +
+                              static_cast<double>(cs.shape.m_total) * (cs.shape.k + cs.shape.n));
+  return bytes <= 0.8 * static_cast<double>(device.global_mem_bytes);
+}
+
+struct NamedVariant {
+  const char* name;
+  Variant v;
+};
+
+void register_variants(const kc::DeviceInfo& device, const std::vector<Case>& all,
+                       std::initializer_list<NamedVariant> variants) {
   for (const Case& cs : all) {
-    // Weights, A and C of the case must fit with room to spare (the Mixtral and 256-expert cases
-    // need 4-16 GB): skip on smaller GPUs rather than fail.
-    const double bytes = 2.0 * (static_cast<double>(cs.shape.experts) * cs.shape.n * cs.shape.k +
-                                static_cast<double>(cs.shape.m_total) * (cs.shape.k + cs.shape.n));
-    if (bytes > 0.8 * static_cast<double>(device.global_mem_bytes)) continue;
-    for (const auto& v : variants) {
-      if (v.v == Variant::one_launch_wide && !kc::ch05::grouped_tile_supported(kc::ch05::GroupedTile::wide_128x256)) {
+    if (!fits_device(cs, device)) continue;
+    for (const NamedVariant& v : variants) {
+      if (is_wide(v.v) && !kc::ch05::grouped_tile_supported(kc::ch05::GroupedTile::wide_128x256)) {
         continue;  // the 128 x 256 tile does not fit this GPU's shared memory
       }
       const std::string name = "ch05/" + std::string(v.name) + "/" + cs.label;
@@ -166,6 +182,36 @@ void register_benchmarks(const kc::DeviceInfo& device) {
           name.c_str(), [cs, variant = v.v](benchmark::State& st) { bench_case(st, cs, variant); }));
     }
   }
+}
+
+// KC_TUNE=1: C stored from registers or through shared memory, on the DeepSeek-V3 cases.
+void register_tuning(const kc::DeviceInfo& device) {
+  const std::vector<Case> all = {uniform_case(8, 4096, 4096, 7168), uniform_case(32, 256, 4096, 7168),
+                                 uniform_case(256, 128, 4096, 7168), uniform_case(8, 4096, 7168, 2048)};
+  register_variants(device, all,
+                    {{"tune_after", Variant::one_launch_grouped},
+                     {"tune_after_staged_store", Variant::one_launch_staged},
+                     {"tune_wide_tile", Variant::one_launch_wide},
+                     {"tune_wide_tile_staged_store", Variant::one_launch_wide_staged},
+                     {"tune_vendor_cublas_loop", Variant::cublas_loop}});
+}
+
+void register_benchmarks(const kc::DeviceInfo& device) {
+  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
+    register_tuning(device);
+    return;
+  }
+  const std::vector<Case> all = cases();
+  std::vector<std::string> labels;
+  for (const Case& cs : all) labels.push_back(cs.label);
+  kc::bench::check_case_labels(labels);
+  register_variants(device, all,
+                    {{"before", Variant::before},
+                     {"step1_one_launch_rowmajor", Variant::one_launch_row_major},
+                     {"after", Variant::one_launch_grouped},
+                     {"step2_one_launch_wide_tile", Variant::one_launch_wide},
+                     {"vendor_cublas_loop", Variant::cublas_loop},
+                     {"vendor_cublas_grouped", Variant::cublas_grouped}});
 }
 
 }  // namespace

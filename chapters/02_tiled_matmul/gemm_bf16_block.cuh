@@ -245,13 +245,15 @@ struct NoEpilogue {
 // Odd shapes (N % 8 != 0) and pointers that are not 16-byte aligned take the same loop, but read
 // bias and residual element by element from global memory and store element by element.
 
-/// Where the staged epilogue keeps things in shared memory, for a tile configuration Cfg.
-template <class Cfg>
+/// Where the staged epilogue keeps things in shared memory, for a tile configuration Cfg; with
+/// kResidualRows false (an epilogue that never reads a residual, StagedStore) no residual rows are
+/// kept beside the accumulators, so a larger part of the tile fits at once.
+template <class Cfg, bool kResidualRows = true>
 struct Staging {
-  static constexpr int acc_ld = Cfg::block_n + 8;              ///< floats per staged row
-  static constexpr int acc_row_bytes = acc_ld * 4;             ///< bytes per staged row
-  static constexpr int residual_row_bytes = Cfg::block_n * 2;  ///< bytes per residual row (bf16)
-  static constexpr int bias_bytes = Cfg::block_n * 2;          ///< the tile's bias (bf16)
+  static constexpr int acc_ld = Cfg::block_n + 8;                                  ///< floats per staged row
+  static constexpr int acc_row_bytes = acc_ld * 4;                                 ///< bytes per staged row
+  static constexpr int residual_row_bytes = kResidualRows ? Cfg::block_n * 2 : 0;  ///< bytes per residual row
+  static constexpr int bias_bytes = Cfg::block_n * 2;                              ///< the tile's bias (bf16)
   /// Shared memory for @p rows staged rows with their residual rows, and the bias.
   static constexpr int bytes_for(int rows) { return rows * (acc_row_bytes + residual_row_bytes) + bias_bytes; }
   /// Rows finished per part: the whole tile, or half of it when that does not fit.
@@ -362,6 +364,47 @@ struct BiasActivationResidual {
     }
   }
 };
+
+/// Chapter 2's plain store, staged: nothing added, each accumulator rounded once and stored through
+/// shared memory, a warp writing whole 256-byte rows of C (step 3 above) where the store from
+/// registers writes 16 bytes in each of 8 rows. With no residual rows to keep, the large tile is
+/// staged whole, in one part. Chapter 2's tuning tile `large_staged_store` and Chapter 5's
+/// `GroupedGemmOptions::staged_store` use it.
+struct StagedStore {
+  static constexpr bool staged = true;                        ///< finished through shared memory
+  static constexpr bool residual_rows = false;                ///< Staging keeps no residual rows
+  static constexpr int outputs_per_group = 4;                 ///< C columns per 4 accumulators
+  static constexpr const __nv_bfloat16* bias = nullptr;      ///< none: the staging code's tests fold away
+  static constexpr const __nv_bfloat16* residual = nullptr;  ///< none
+  int n;                                                      ///< columns of C
+  bool vector;              ///< n % 8 == 0 and c 16-byte aligned: 8-byte stores
+  bool prefetched = false;  ///< never: there is nothing to prefetch
+
+  /// Four outputs at (row, col..col+3) of C: rounded, one 8-byte store at @p out.
+  __device__ void finish4(float (&x)[4], const float (&)[4], const __nv_bfloat16*, __nv_bfloat16* out) const {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(x[2], x[3]);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(out) = packed;
+  }
+
+  /// The same element by element, for the `count` outputs that exist.
+  __device__ void finish_each(float (&x)[4], int count, std::int64_t row, int col, __nv_bfloat16* c) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e < count) c[row * n + col + e] = __float2bfloat16_rn(x[e]);
+    }
+  }
+};
+
+/// False for staged epilogues that never read a residual and say so (StagedStore::residual_rows).
+template <class Epilogue>
+inline constexpr bool stages_residual_rows = true;
+template <class Epilogue>
+  requires requires { Epilogue::residual_rows; }
+inline constexpr bool stages_residual_rows<Epilogue> = Epilogue::residual_rows;
 
 /// SwiGLU on interleaved gate/up rows: accumulators (2j, 2j+1) are (gate_j, up_j), so 4 staged
 /// accumulators give 2 outputs, out_j = silu(gate_j + bias_2j) · (up_j + bias_2j+1). n (even)
@@ -505,7 +548,7 @@ template <class Cfg, class Epilogue, class Acc>
 __device__ __forceinline__ void staged_epilogue(const Acc& acc, const Epilogue& epilogue, unsigned char* smem,
                                                 __nv_bfloat16* c, int block_row0, int block_col0, int rows_left,
                                                 int cols_left, int warp_row0, int warp_col0) {
-  using S = Staging<Cfg>;
+  using S = Staging<Cfg, stages_residual_rows<Epilogue>>;
   constexpr int kMTiles = Cfg::warp_m / 16;
   constexpr int kNTiles = Cfg::warp_n / 8;
   constexpr int kChunksPerTileRow = Cfg::block_n / 8;  // 16-byte chunks of a row of bias / residual

@@ -96,6 +96,8 @@ DeviceLimits current_device_limits() {
     allow_dynamic_shared_memory<SmallUnrotatedTile>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<SmallDeepUnrotatedTile>(limits.smem_per_block_optin);
     allow_dynamic_shared_memory<NarrowDeepUnrotatedTile>(limits.smem_per_block_optin);
+    allow_dynamic_shared_memory_of<LargeTile4, StagedStore>(limits.smem_per_block_optin);  // large_staged_store
+    allow_dynamic_shared_memory_of<LargeTile3, StagedStore>(limits.smem_per_block_optin);
     allow_register_epilogue<Activation::none>(limits.smem_per_block_optin);
     allow_register_epilogue<Activation::relu>(limits.smem_per_block_optin);
     allow_register_epilogue<Activation::gelu_erf>(limits.smem_per_block_optin);
@@ -376,12 +378,16 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
     case GemmBf16Tile::large_staged_store:
       if constexpr (Epilogue::staged) {  // Chapter 3's epilogues are staged on every tile
         run(a, w, c, shape, GemmBf16Tile::large, limits, stream, epilogue);
-      } else {  // the identity as a staged epilogue: no bias, no activation, no residual
-        const BiasActivationResidual store{nullptr, nullptr, static_cast<int>(shape.n), Activation::none,
-                                           shape.n % 8 == 0 && aligned_to(c, 16)};
-        run(a, w, c, shape, GemmBf16Tile::large, limits, stream, store);
+        return;
+      } else {  // the plain store, staged (only the large tile's kernels are built with it)
+        const StagedStore store{static_cast<int>(shape.n), shape.n % 8 == 0 && aligned_to(c, 16)};
+        if (info.stages == LargeTile4::stages) {
+          launch<LargeTile4>(a, w, c, shape, paired, store, limits.smem_per_block_optin, stream);
+        } else {
+          launch<LargeTile3>(a, w, c, shape, paired, store, limits.smem_per_block_optin, stream);
+        }
       }
-      return;
+      break;
   }
   check_launch();
 }

@@ -60,6 +60,10 @@ struct GroupedGemmOptions {
   TileOrder order = TileOrder::grouped;            ///< launch order of the tiles
   int group_m = kDefaultGroupM;                    ///< grouped order's band height in m-tiles, >= 1
   GroupedTile tile = GroupedTile::square_128x128;  ///< block tile
+  /// Store C through shared memory, a warp writing whole rows (Chapter 2's StagedStore), instead of
+  /// from each thread's registers. The same bits either way; which is faster is measured by the
+  /// benchmark's KC_TUNE rows (docs/notes/ch05.md).
+  bool staged_store = false;
 };
 
 /// Columns of C per block tile of @p tile (128 or 256; rows are always kBlockM).

@@ -33,6 +33,7 @@ using ch02::block::LargeTile4;
 using ch02::block::MediumTile3;
 using ch02::block::MediumTile4;
 using ch02::block::NoEpilogue;
+using ch02::block::StagedStore;
 
 static_assert(MediumTile4::block_m == kBlockM && MediumTile4::block_n == kBlockN, "the chapter's tile is 128 x 128");
 static_assert(MediumTile3::block_m == kBlockM && MediumTile3::block_n == kBlockN, "the chapter's tile is 128 x 128");
@@ -57,13 +58,14 @@ __global__ void __launch_bounds__(detail::kScanThreads)
   if (e == 0) tile_prefix[0] = 0;
 }
 
-// One block per tile of C (and surplus blocks that exit): see the top of the file.
-template <class Cfg>
+// One block per tile of C (and surplus blocks that exit): see the top of the file. Store is
+// NoEpilogue (C from registers) or StagedStore (C through shared memory, GroupedGemmOptions).
+template <class Cfg, class Store>
 __global__ void __launch_bounds__(Cfg::threads)
     grouped_gemm_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ w,
                         __nv_bfloat16* __restrict__ c, const std::int32_t* __restrict__ offsets,
                         const std::int32_t* __restrict__ tile_prefix, int experts, int m_total, int n, int k,
-                        int tiles_n, TileOrder order, int group_m, bool paired) {
+                        int tiles_n, TileOrder order, int group_m, bool paired, Store store) {
   // TODO 1: the real number of m-tiles over all experts. tile_prefix_kernel has just written the
   // prefix of m-tiles over experts into tile_prefix[0 .. experts]: which entry is the total?
   const int m_tiles = 0;
@@ -78,8 +80,7 @@ __global__ void __launch_bounds__(Cfg::threads)
   (void)offsets, (void)tile_prefix, (void)order, (void)group_m, (void)experts;  // used once the TODOs are done
   const int col0 = coord.n_tile * Cfg::block_n;
   const __nv_bfloat16* w_expert = w + static_cast<std::int64_t>(rows.expert) * n * k;
-  ch02::block::gemm_bf16_block<Cfg>(a, w_expert, c, n, k, rows.row0, col0, rows.rows_left, n - col0, paired,
-                                    NoEpilogue{});
+  ch02::block::gemm_bf16_block<Cfg>(a, w_expert, c, n, k, rows.row0, col0, rows.rows_left, n - col0, paired, store);
 }
 
 // --------------------------------------------------------------------------------------- host side
@@ -91,9 +92,14 @@ struct DeviceLimits {
 template <class Cfg>
 void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
   if (static_cast<std::size_t>(Cfg::smem_bytes) > smem_per_block_optin) return;  // never launched here
-  const auto kernel = grouped_gemm_kernel<Cfg>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  // Each store's kernel is a kernel of its own, with its own attributes; the staged store needs no
+  // more shared memory than the pipeline's (the staging area reuses its buffers).
+  const auto allow = [](auto kernel) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  };
+  allow(grouped_gemm_kernel<Cfg, NoEpilogue>);
+  allow(grouped_gemm_kernel<Cfg, StagedStore>);
 }
 
 // Queried once per device; later calls only read the cache (no attribute calls inside a capture).
@@ -118,9 +124,18 @@ void launch_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __
   // <= the square tile's bound <= 2^31 - 1 (validated)
   const auto blocks = static_cast<unsigned>(grouped_gemm_grid_blocks(shape, options.tile));
   const int tiles_n = ceil_div_int(static_cast<int>(shape.n), Cfg::block_n);
-  grouped_gemm_kernel<Cfg><<<blocks, Cfg::threads, Cfg::smem_bytes, stream>>>(
-      a, w, c, offsets, tile_prefix, shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n),
-      static_cast<int>(shape.k), tiles_n, options.order, options.group_m, paired);
+  const auto go = [&](auto store) {
+    grouped_gemm_kernel<Cfg, decltype(store)><<<blocks, Cfg::threads, Cfg::smem_bytes, stream>>>(
+        a, w, c, offsets, tile_prefix, shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n),
+        static_cast<int>(shape.k), tiles_n, options.order, options.group_m, paired, store);
+  };
+  if (options.staged_store) {
+    // 8-byte stores of whole groups where every row of C starts 16-byte aligned; else element by element.
+    const bool vector = shape.n % 8 == 0 && reinterpret_cast<std::uintptr_t>(c) % 16 == 0;
+    go(StagedStore{static_cast<int>(shape.n), vector});
+  } else {
+    go(NoEpilogue{});
+  }
 }
 
 // The tile's deepest pipeline that fits this GPU's shared memory per block.
