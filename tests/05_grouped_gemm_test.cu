@@ -507,9 +507,9 @@ std::vector<bf16> run_path(const Problem& p, Path path, kc::ch02::CublasHandle& 
     case Path::one_launch_wide:
     case Path::one_launch_staged:
     case Path::one_launch_wide_staged: {
-      const GroupedGemmOptions options{
-          path == Path::one_launch_row_major ? TileOrder::row_major : TileOrder::grouped, group_m,
-          is_wide(path) ? GroupedTile::wide_128x256 : GroupedTile::square_128x128, is_staged(path)};
+      const GroupedGemmOptions options{path == Path::one_launch_row_major ? TileOrder::row_major : TileOrder::grouped,
+                                       group_m, is_wide(path) ? GroupedTile::wide_128x256 : GroupedTile::square_128x128,
+                                       is_staged(path)};
       kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                              options);
       break;
@@ -576,9 +576,8 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
         << "the loop and the one launch differ";
     // The staged store rounds the same accumulators once, as the store from registers does: the same
     // bits, poison included, on both tiles (trials with N % 8 != 0 take its element-by-element path).
-    for (const auto& [from_registers, staged] :
-         {std::pair{Path::one_launch_grouped, Path::one_launch_staged},
-          std::pair{Path::one_launch_wide, Path::one_launch_wide_staged}}) {
+    for (const auto& [from_registers, staged] : {std::pair{Path::one_launch_grouped, Path::one_launch_staged},
+                                                 std::pair{Path::one_launch_wide, Path::one_launch_wide_staged}}) {
       if (!runs_here(staged)) continue;
       SCOPED_TRACE(name_of(staged));
       const std::vector<bf16> stored = run_path(p, from_registers, cublas);
@@ -598,8 +597,8 @@ TEST_F(GroupedGemmGpu, LargeSkewedCase) {
   kc::ch02::CublasHandle cublas;
   const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
   const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
-  for (Path path : {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide,
-                    Path::one_launch_wide_staged}) {
+  for (Path path :
+       {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide, Path::one_launch_wide_staged}) {
     SCOPED_TRACE(name_of(path));
     if (!runs_here(path)) continue;
     const std::vector<bf16> got = run_path(p, path, cublas);

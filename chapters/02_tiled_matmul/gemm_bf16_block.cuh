@@ -313,6 +313,16 @@ __device__ __forceinline__ void load4(float (&x)[4], const __nv_bfloat16* p) {
   x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
 }
 
+/// Four floats rounded to bf16 and stored with one 8-byte store at @p out (8-byte aligned).
+__device__ __forceinline__ void store4(const float (&x)[4], __nv_bfloat16* out) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(x[2], x[3]);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(out) = packed;
+}
+
 /// out = act(acc + bias) + residual, rounded once. residual may be c itself: each element is read
 /// (into shared memory, or by the thread that stores it) before it is stored.
 struct BiasActivationResidual {
@@ -340,12 +350,7 @@ struct BiasActivationResidual {
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[e] += r[e];
     }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(x[2], x[3]);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(out) = packed;
+    store4(x, out);
   }
 
   /// The same, element by element from global memory, for the `count` outputs that exist.
@@ -371,23 +376,18 @@ struct BiasActivationResidual {
 /// staged whole, in one part. Chapter 2's tuning tile `large_staged_store` and Chapter 5's
 /// `GroupedGemmOptions::staged_store` use it.
 struct StagedStore {
-  static constexpr bool staged = true;                        ///< finished through shared memory
-  static constexpr bool residual_rows = false;                ///< Staging keeps no residual rows
-  static constexpr int outputs_per_group = 4;                 ///< C columns per 4 accumulators
+  static constexpr bool staged = true;                       ///< finished through shared memory
+  static constexpr bool residual_rows = false;               ///< Staging keeps no residual rows
+  static constexpr int outputs_per_group = 4;                ///< C columns per 4 accumulators
   static constexpr const __nv_bfloat16* bias = nullptr;      ///< none: the staging code's tests fold away
   static constexpr const __nv_bfloat16* residual = nullptr;  ///< none
-  int n;                                                      ///< columns of C
-  bool vector;              ///< n % 8 == 0 and c 16-byte aligned: 8-byte stores
-  bool prefetched = false;  ///< never: there is nothing to prefetch
+  int n;                                                     ///< columns of C
+  bool vector;                                               ///< n % 8 == 0 and c 16-byte aligned: 8-byte stores
+  bool prefetched = false;                                   ///< never: there is nothing to prefetch
 
   /// Four outputs at (row, col..col+3) of C: rounded, one 8-byte store at @p out.
   __device__ void finish4(float (&x)[4], const float (&)[4], const __nv_bfloat16*, __nv_bfloat16* out) const {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(x[2], x[3]);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const std::uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<const std::uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(out) = packed;
+    store4(x, out);
   }
 
   /// The same element by element, for the `count` outputs that exist.
@@ -403,7 +403,7 @@ struct StagedStore {
 template <class Epilogue>
 inline constexpr bool stages_residual_rows = true;
 template <class Epilogue>
-  requires requires { Epilogue::residual_rows; }
+requires requires { Epilogue::residual_rows; }
 inline constexpr bool stages_residual_rows<Epilogue> = Epilogue::residual_rows;
 
 /// SwiGLU on interleaved gate/up rows: accumulators (2j, 2j+1) are (gate_j, up_j), so 4 staged
