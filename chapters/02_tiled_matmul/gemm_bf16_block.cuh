@@ -402,6 +402,7 @@ struct StagedStore {
 /// False for staged epilogues that never read a residual and say so (StagedStore::residual_rows).
 template <class Epilogue>
 inline constexpr bool stages_residual_rows = true;
+/// An epilogue that declares residual_rows: its own answer.
 template <class Epilogue>
 requires requires { Epilogue::residual_rows; }
 inline constexpr bool stages_residual_rows<Epilogue> = Epilogue::residual_rows;
