@@ -71,6 +71,7 @@ enum class Variant {
 };
 
 bool is_wide(Variant v) { return v == Variant::one_launch_wide || v == Variant::one_launch_wide_staged; }
+bool is_staged(Variant v) { return v == Variant::one_launch_staged || v == Variant::one_launch_wide_staged; }
 
 void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
@@ -104,7 +105,7 @@ void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
             variant == Variant::one_launch_row_major ? kc::ch05::TileOrder::row_major : kc::ch05::TileOrder::grouped,
             kc::ch05::kDefaultGroupM,
             is_wide(variant) ? kc::ch05::GroupedTile::wide_128x256 : kc::ch05::GroupedTile::square_128x128,
-            variant == Variant::one_launch_staged || variant == Variant::one_launch_wide_staged};
+            is_staged(variant)};
         kc::ch05::grouped_gemm(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                                options, stream);
         break;

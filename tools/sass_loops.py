@@ -37,7 +37,7 @@ DEFAULT_LOOP_OP = r"\b(?:HG?MMA|IMMA|DMMA)\b"
 
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
-_BRANCH = re.compile(r"\bBRA\b(?:\.\w+)*\s+(?:`?\()?(0x[0-9a-f]+)")
+_BRANCH = re.compile(r"\bBRA\b(?:\.\w+)*\s+(0x[0-9a-f]+)")
 _MASK = re.compile(r"\bU?R\d+\b|\bU?P\d\b|\b0x[0-9a-f]+\b|\bB\d+\b")
 _REUSE = re.compile(r"\.reuse\b")  # operand-reuse cache hints: part of register allocation
 
