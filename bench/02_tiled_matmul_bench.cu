@@ -117,7 +117,7 @@ void register_tuning(const kc::DeviceInfo& device) {
                                           kc::ch02::GemmBf16Tile::narrow_deep,
                                           kc::ch02::GemmBf16Tile::large_early_refill,
                                           kc::ch02::GemmBf16Tile::medium_two_blocks,
-                                          kc::ch02::GemmBf16Tile::large_staged_store};
+                                          kc::ch02::GemmBf16Tile::large_register_store};
   // The small tiles without K rotation: only on the memory-bound shapes where it matters.
   const kc::ch02::GemmBf16Tile memory_bound_tiles[] = {kc::ch02::GemmBf16Tile::small_unrotated,
                                                        kc::ch02::GemmBf16Tile::small_deep_unrotated,

@@ -24,7 +24,7 @@
 // Launches take milliseconds: one launch per event pair.
 //
 // KC_TUNE=1 registers the tuning rows instead (for docs/notes, not the results tables): the one
-// launch on both tiles with C stored from registers and through shared memory (staged_store), beside
+// launch on both tiles with C stored from registers and through shared memory (CStore), beside
 // the cuBLAS loop, in one process with interleaved repetitions.
 //
 // Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 40 benchmarks
@@ -64,14 +64,20 @@ enum class Variant {
   one_launch_row_major,
   one_launch_grouped,
   one_launch_wide,
-  one_launch_staged,       // tuning: `after` with staged_store
-  one_launch_wide_staged,  // tuning: the wide tile with staged_store
+  one_launch_staged,          // tuning: `after` with C through shared memory
+  one_launch_wide_registers,  // tuning: the wide tile with C from registers
   cublas_loop,
   cublas_grouped
 };
 
-bool is_wide(Variant v) { return v == Variant::one_launch_wide || v == Variant::one_launch_wide_staged; }
-bool is_staged(Variant v) { return v == Variant::one_launch_staged || v == Variant::one_launch_wide_staged; }
+bool is_wide(Variant v) { return v == Variant::one_launch_wide || v == Variant::one_launch_wide_registers; }
+
+// Each tile's default store but on the two tuning variants that ask for the other one.
+kc::ch05::CStore c_store_of(Variant v) {
+  if (v == Variant::one_launch_staged) return kc::ch05::CStore::through_shared_memory;
+  if (v == Variant::one_launch_wide_registers) return kc::ch05::CStore::from_registers;
+  return kc::ch05::CStore::tile_default;
+}
 
 void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
@@ -100,12 +106,12 @@ void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
       case Variant::one_launch_grouped:
       case Variant::one_launch_wide:
       case Variant::one_launch_staged:
-      case Variant::one_launch_wide_staged: {
+      case Variant::one_launch_wide_registers: {
         const kc::ch05::GroupedGemmOptions options{
             variant == Variant::one_launch_row_major ? kc::ch05::TileOrder::row_major : kc::ch05::TileOrder::grouped,
             kc::ch05::kDefaultGroupM,
             is_wide(variant) ? kc::ch05::GroupedTile::wide_128x256 : kc::ch05::GroupedTile::square_128x128,
-            is_staged(variant)};
+            c_store_of(variant)};
         kc::ch05::grouped_gemm(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                                options, stream);
         break;
@@ -185,7 +191,7 @@ void register_variants(const kc::DeviceInfo& device, const std::vector<Case>& al
   }
 }
 
-// KC_TUNE=1: C stored from registers or through shared memory, on the DeepSeek-V3 cases.
+// KC_TUNE=1: each tile with its default store and with the other one, on the DeepSeek-V3 cases.
 void register_tuning(const kc::DeviceInfo& device) {
   const std::vector<Case> all = {uniform_case(8, 4096, 4096, 7168), uniform_case(32, 256, 4096, 7168),
                                  uniform_case(256, 128, 4096, 7168), uniform_case(8, 4096, 7168, 2048)};
@@ -193,7 +199,7 @@ void register_tuning(const kc::DeviceInfo& device) {
                     {{"tune_after", Variant::one_launch_grouped},
                      {"tune_after_staged_store", Variant::one_launch_staged},
                      {"tune_wide_tile", Variant::one_launch_wide},
-                     {"tune_wide_tile_staged_store", Variant::one_launch_wide_staged},
+                     {"tune_wide_tile_register_store", Variant::one_launch_wide_registers},
                      {"tune_vendor_cublas_loop", Variant::cublas_loop}});
 }
 

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <ostream>
 #include <span>
@@ -238,13 +239,13 @@ TEST(GemmBf16Tiles, TuningTilesInfo) {
     }
   }
 
-  // The staged store changes how C leaves the kernel, not the tile.
+  // The store from registers changes how C leaves the kernel, not the tile.
   for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
-    const auto staged = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_staged_store, smem);
+    const auto registers = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_register_store, smem);
     const auto large = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large, smem);
-    EXPECT_EQ(staged.stages, large.stages);
-    EXPECT_EQ(staged.smem_bytes, large.smem_bytes);
-    EXPECT_EQ(staged.fits, large.fits);
+    EXPECT_EQ(registers.stages, large.stages);
+    EXPECT_EQ(registers.smem_bytes, large.smem_bytes);
+    EXPECT_EQ(registers.fits, large.fits);
   }
 }
 
@@ -281,7 +282,7 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
       const GemmBf16Tile chosen = choose_gemm_bf16_tile(s, 132, smem);
       EXPECT_NE(chosen, GemmBf16Tile::large_early_refill);
       EXPECT_NE(chosen, GemmBf16Tile::medium_two_blocks);
-      EXPECT_NE(chosen, GemmBf16Tile::large_staged_store);
+      EXPECT_NE(chosen, GemmBf16Tile::large_register_store);
       EXPECT_NE(chosen, GemmBf16Tile::small_unrotated);
       EXPECT_NE(chosen, GemmBf16Tile::small_deep_unrotated);
       EXPECT_NE(chosen, GemmBf16Tile::narrow_deep_unrotated);
@@ -308,7 +309,7 @@ TEST(GemmBf16Tiles, Names) {
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow_deep), "narrow_deep");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_early_refill), "large_early_refill");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium_two_blocks), "medium_two_blocks");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_staged_store), "large_staged_store");
+  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_register_store), "large_register_store");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_unrotated), "small_unrotated");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_deep_unrotated), "small_deep_unrotated");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow_deep_unrotated), "narrow_deep_unrotated");
@@ -440,11 +441,43 @@ TEST_P(GemmBf16TileGpu, SeveralTilesEachWay) {
   check({1000, 1030, 1032});
 }
 
+// The large tile stores C through shared memory; large_register_store stores the same accumulators
+// from registers. Each rounds every accumulator once: the same bits, on shapes that take the staged
+// store's 8-byte path (N % 8 == 0) and its element-by-element path (odd N, and C at an odd element).
+class GemmBf16StoreGpu : public kc::test::GpuTest {};
+
+TEST_F(GemmBf16StoreGpu, StagedAndRegisterStoresGiveTheSameBits) {
+  if (!kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large, device().smem_per_block_optin).fits) {
+    GTEST_SKIP() << "this GPU's shared memory cannot hold the large tile";
+  }
+  const std::uint64_t seed = kc::test::test_seed();
+  for (GemmShape s : {GemmShape{300, 520, 200}, GemmShape{129, 257, 72}, GemmShape{1000, 1030, 1032}}) {
+    for (std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+      SCOPED_TRACE("M x N x K = " + shape_name(s) + ", c at element " + std::to_string(offset));
+      const Inputs in = random_inputs(s, seed);
+      kc::DeviceBuffer<bf16> a(in.a), w(in.w);
+      std::vector<bf16> out[2];
+      for (int i = 0; i < 2; ++i) {
+        kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n) + offset);
+        kc::ch02::gemm_bf16_with_tile(a.data(), w.data(), c.data() + offset, s,
+                                      i == 0 ? GemmBf16Tile::large : GemmBf16Tile::large_register_store);
+        kc::check(cudaDeviceSynchronize());
+        EXPECT_EQ(c.guard_damage(), 0u) << "wrote past the end of c";
+        out[i] = c.to_host();
+      }
+      // As bytes: the poison in front of an offset C is a NaN pattern, and NaN == NaN is false.
+      ASSERT_EQ(out[0].size(), out[1].size());
+      EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(bf16)), 0)
+          << "the staged store and the store from registers differ";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(GemmBf16, GemmBf16TileGpu,
                          ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
                                            GemmBf16Tile::narrow, GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep,
                                            GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
-                                           GemmBf16Tile::large_staged_store, GemmBf16Tile::small_unrotated,
+                                           GemmBf16Tile::large_register_store, GemmBf16Tile::small_unrotated,
                                            GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::narrow_deep_unrotated),
                          [](const ::testing::TestParamInfo<GemmBf16Tile>& info) {
                            return std::string(kc::ch02::to_string(info.param));

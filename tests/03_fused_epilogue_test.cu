@@ -340,7 +340,7 @@ TEST_F(FusedEpilogueGpu, EveryTile) {
   for (GemmBf16Tile tile :
        {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow, GemmBf16Tile::small_deep,
         GemmBf16Tile::narrow_deep, GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
-        GemmBf16Tile::large_staged_store, GemmBf16Tile::small_unrotated, GemmBf16Tile::small_deep_unrotated,
+        GemmBf16Tile::large_register_store, GemmBf16Tile::small_unrotated, GemmBf16Tile::small_deep_unrotated,
         GemmBf16Tile::narrow_deep_unrotated}) {
     if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) continue;
     SCOPED_TRACE(kc::ch02::to_string(tile));

@@ -41,6 +41,7 @@ using kc::test::grouped::random_problem;
 using kc::test::grouped::random_sizes;
 
 using bf16 = __nv_bfloat16;
+using kc::ch05::CStore;
 using kc::ch05::GroupedGemmOptions;
 using kc::ch05::GroupedGemmShape;
 using kc::ch05::GroupedTile;
@@ -345,6 +346,12 @@ TEST(GroupedArguments, Rules) {
                                                 workspace, bytes);
       },
       "options.tile (5) is not a GroupedTile");
+  expect_invalid_argument(
+      [&] {
+        kc::ch05::validate_grouped_gemm_options(
+            ok, c.data, {TileOrder::grouped, 8, GroupedTile::square_128x128, static_cast<CStore>(3)}, workspace, bytes);
+      },
+      "options.c_store (3) is not a CStore");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm_options(ok, c.data, {}, nullptr, bytes); },
                           "workspace must not be null");
   // Host offsets of the loop.
@@ -467,14 +474,20 @@ enum class Path {
   one_launch_row_major,
   one_launch_grouped,
   one_launch_wide,
-  one_launch_staged,       // grouped order, square tile, C through shared memory (staged_store)
-  one_launch_wide_staged,  // the same with the wide tile
+  one_launch_staged,          // grouped order, square tile, C through shared memory (not its default)
+  one_launch_wide_registers,  // grouped order, wide tile, C from registers (not its default)
   cublas_loop,
   cublas_grouped
 };
 
-bool is_wide(Path path) { return path == Path::one_launch_wide || path == Path::one_launch_wide_staged; }
-bool is_staged(Path path) { return path == Path::one_launch_staged || path == Path::one_launch_wide_staged; }
+bool is_wide(Path path) { return path == Path::one_launch_wide || path == Path::one_launch_wide_registers; }
+
+// How a path stores C: each tile's default but on the two paths that ask for the other store.
+CStore c_store_of(Path path) {
+  if (path == Path::one_launch_staged) return CStore::through_shared_memory;
+  if (path == Path::one_launch_wide_registers) return CStore::from_registers;
+  return CStore::tile_default;
+}
 
 // The paths of this chapter's one-launch kernel that this GPU runs (the wide tile needs 144 KiB).
 bool runs_here(Path path) { return !is_wide(path) || kc::ch05::grouped_tile_supported(GroupedTile::wide_128x256); }
@@ -486,7 +499,7 @@ const char* name_of(Path path) {
     case Path::one_launch_grouped: return "one_launch_grouped";
     case Path::one_launch_wide: return "one_launch_wide";
     case Path::one_launch_staged: return "one_launch_staged";
-    case Path::one_launch_wide_staged: return "one_launch_wide_staged";
+    case Path::one_launch_wide_registers: return "one_launch_wide_registers";
     case Path::cublas_loop: return "cublas_loop";
     case Path::cublas_grouped: return "cublas_grouped";
   }
@@ -506,10 +519,10 @@ std::vector<bf16> run_path(const Problem& p, Path path, kc::ch02::CublasHandle& 
     case Path::one_launch_grouped:
     case Path::one_launch_wide:
     case Path::one_launch_staged:
-    case Path::one_launch_wide_staged: {
+    case Path::one_launch_wide_registers: {
       const GroupedGemmOptions options{path == Path::one_launch_row_major ? TileOrder::row_major : TileOrder::grouped,
                                        group_m, is_wide(path) ? GroupedTile::wide_128x256 : GroupedTile::square_128x128,
-                                       is_staged(path)};
+                                       c_store_of(path)};
       kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                              options);
       break;
@@ -550,7 +563,7 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
     const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
     const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
     for (Path path : {Path::loop, Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide,
-                      Path::one_launch_staged, Path::one_launch_wide_staged, Path::cublas_grouped}) {
+                      Path::one_launch_staged, Path::one_launch_wide_registers, Path::cublas_grouped}) {
       for (int group_m : {1, 3, 8}) {
         if (path != Path::one_launch_grouped && path != Path::one_launch_wide && group_m != 8) continue;
         if (!runs_here(path)) continue;
@@ -576,10 +589,11 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
         << "the loop and the one launch differ";
     // The staged store rounds the same accumulators once, as the store from registers does: the same
     // bits, poison included, on both tiles (trials with N % 8 != 0 take its element-by-element path).
+    // The square tile stores from registers by default, the wide tile through shared memory.
     for (const auto& [from_registers, staged] : {std::pair{Path::one_launch_grouped, Path::one_launch_staged},
-                                                 std::pair{Path::one_launch_wide, Path::one_launch_wide_staged}}) {
+                                                 std::pair{Path::one_launch_wide_registers, Path::one_launch_wide}}) {
       if (!runs_here(staged)) continue;
-      SCOPED_TRACE(name_of(staged));
+      SCOPED_TRACE(std::string(name_of(from_registers)) + " vs " + name_of(staged));
       const std::vector<bf16> stored = run_path(p, from_registers, cublas);
       const std::vector<bf16> staged_stored = run_path(p, staged, cublas);
       EXPECT_EQ(std::memcmp(stored.data(), staged_stored.data(), stored.size() * sizeof(bf16)), 0)
@@ -598,7 +612,7 @@ TEST_F(GroupedGemmGpu, LargeSkewedCase) {
   const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
   const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
   for (Path path :
-       {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide, Path::one_launch_wide_staged}) {
+       {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide, Path::one_launch_wide_registers}) {
     SCOPED_TRACE(name_of(path));
     if (!runs_here(path)) continue;
     const std::vector<bf16> got = run_path(p, path, cublas);
@@ -612,7 +626,7 @@ TEST_F(GroupedGemmGpu, AllExpertsEmpty) {
   const Problem p = random_problem(std::vector<std::int32_t>(16, 0), 64, 64, 1, 40);
   kc::ch02::CublasHandle cublas;
   for (Path path : {Path::loop, Path::one_launch_grouped, Path::one_launch_wide, Path::one_launch_staged,
-                    Path::one_launch_wide_staged, Path::cublas_grouped}) {
+                    Path::one_launch_wide_registers, Path::cublas_grouped}) {
     if (!runs_here(path)) continue;
     const std::vector<bf16> got = run_path(p, path, cublas);
     EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << name_of(path);

@@ -31,11 +31,13 @@
 namespace kc::ch02 {
 
 /// The block tiles of the bf16 GEMM: large, medium, small and narrow, which choose_gemm_bf16_tile
-/// picks from, and three tuning tiles that only gemm_bf16_with_tile runs (the benchmark's KC_TUNE sweep).
+/// picks from, and tuning tiles that only gemm_bf16_with_tile runs (the benchmark's KC_TUNE sweep).
 /// K advances 64 at a time through a cp.async pipeline of several stages (each stage holds a
 /// 64-wide slice of A's and W's rows).
 enum class GemmBf16Tile {
-  large,   ///< 128×256, 8 warps of 64×64; 4 stages (192 KiB) where they fit (sm_90), else 3 (144 KiB, sm_80)
+  /// 128×256, 8 warps of 64×64; 4 stages (192 KiB) where they fit (sm_90), else 3 (144 KiB, sm_80);
+  /// C leaves through shared memory, a warp writing whole 256-byte rows (block::StagedStore)
+  large,
   medium,  ///< 128×128, 8 warps of 64×32; 4 stages (128 KiB), or 3 (96 KiB) on the 99 KiB parts (sm_86, sm_89)
   small,   ///< 64×64, 4 warps of 32×32, 6 stages (96 KiB): many blocks, many bytes in flight, for small M or N
   /// 64×32, 4 warps of 16×32, 8 stages (96 KiB): twice the small tile's blocks for the decode and
@@ -58,12 +60,12 @@ enum class GemmBf16Tile {
   /// tile's warp tile), 3 stages (96 KiB), early refill: two blocks per SM on sm_90, so one block's
   /// barriers, prologue and epilogue overlap the other's mma.
   medium_two_blocks,
-  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the large tile whose accumulators leave
-  /// through shared memory and a short store loop, as Chapter 3's epilogues do, instead of
-  /// straight from registers. It measures what the plain GEMM's store code costs: 128 register
-  /// pairs per thread, stored by ~1,000 instructions that run once per tile from a cold
-  /// instruction cache.
-  large_staged_store,
+  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the large tile with C stored straight
+  /// from each thread's registers, as it was before the large tile's plain GEMM stored through
+  /// shared memory (block::StagedStore): a warp's store instruction writes 16 bytes in each of 8
+  /// rows of C, and a thread's 128 accumulators leave through a long unrolled store that runs once
+  /// per tile from a cold instruction cache; the benchmark's KC_TUNE rows measure the difference.
+  large_register_store,
   /// Tuning tiles (never chosen by choose_gemm_bf16_tile): small, small_deep and narrow_deep
   /// without the K rotation (every block walks K from slice 0), to measure what the rotation buys.
   small_unrotated,
@@ -120,7 +122,7 @@ void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bf
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
 /// The printable name of @p tile ("large", "medium", "small", "narrow", "small_deep", "narrow_deep",
-/// "large_early_refill", "medium_two_blocks", "large_staged_store", "small_unrotated",
+/// "large_early_refill", "medium_two_blocks", "large_register_store", "small_unrotated",
 /// "small_deep_unrotated", "narrow_deep_unrotated").
 const char* to_string(GemmBf16Tile tile);
 

@@ -373,8 +373,8 @@ struct BiasActivationResidual {
 /// Chapter 2's plain store, staged: nothing added, each accumulator rounded once and stored through
 /// shared memory, a warp writing whole 256-byte rows of C (step 3 above) where the store from
 /// registers writes 16 bytes in each of 8 rows. With no residual rows to keep, the large tile is
-/// staged whole, in one part. Chapter 2's tuning tile `large_staged_store` and Chapter 5's
-/// `GroupedGemmOptions::staged_store` use it.
+/// staged whole, in one part. Chapter 2's large tile stores the plain GEMM with it, and so does
+/// Chapter 5's wide tile (the same tile; `GroupedGemmOptions::c_store`).
 struct StagedStore {
   static constexpr bool staged = true;                       ///< finished through shared memory
   static constexpr bool residual_rows = false;               ///< Staging keeps no residual rows

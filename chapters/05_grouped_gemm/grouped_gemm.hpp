@@ -55,15 +55,23 @@ enum class GroupedTile {
   wide_128x256,    ///< Chapter 2's "large" tile: 8 warps of 64 × 64, 192 KiB (144 KiB on sm_80); not on 99 KiB parts
 };
 
-/// How the one-launch kernel orders its tiles, and which tile it runs.
+/// How the one-launch kernel's blocks store their tile of C. The same bits either way; which is
+/// faster is measured by the benchmark's KC_TUNE rows (docs/notes/ch05.md).
+enum class CStore {
+  /// As Chapter 2 stores the same tile: through shared memory on the wide tile (Chapter 2's large
+  /// tile), from registers on the square tile (Chapter 2's medium tile), where the staged store
+  /// measured no faster.
+  tile_default,
+  from_registers,         ///< each thread stores its accumulators, 16 bytes in each of 8 rows at once
+  through_shared_memory,  ///< staged, a warp writing whole 256-byte rows (Chapter 2's StagedStore)
+};
+
+/// How the one-launch kernel orders its tiles, which tile it runs and how it stores C.
 struct GroupedGemmOptions {
   TileOrder order = TileOrder::grouped;            ///< launch order of the tiles
   int group_m = kDefaultGroupM;                    ///< grouped order's band height in m-tiles, >= 1
   GroupedTile tile = GroupedTile::square_128x128;  ///< block tile
-  /// Store C through shared memory, a warp writing whole rows (Chapter 2's StagedStore), instead of
-  /// from each thread's registers. The same bits either way; which is faster is measured by the
-  /// benchmark's KC_TUNE rows (docs/notes/ch05.md).
-  bool staged_store = false;
+  CStore c_store = CStore::tile_default;           ///< how C leaves each block
 };
 
 /// Columns of C per block tile of @p tile (128 or 256; rows are always kBlockM).
@@ -82,8 +90,8 @@ void validate_grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a
                            const __nv_bfloat16* c, const std::int32_t* offsets);
 
 /// Checks what grouped_gemm() needs beyond validate_grouped_gemm(): options.order a TileOrder,
-/// options.group_m >= 1, options.tile a GroupedTile, and a workspace of at least grouped_gemm_workspace_bytes(shape)
-/// bytes, 4-byte aligned, not overlapping c. Host-only; throws kc::InvalidArgument.
+/// options.group_m >= 1, options.tile a GroupedTile, options.c_store a CStore, and a workspace of at least
+/// grouped_gemm_workspace_bytes(shape) bytes, 4-byte aligned, not overlapping c. Host-only; throws kc::InvalidArgument.
 void validate_grouped_gemm_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
                                    const GroupedGemmOptions& options, const void* workspace,
                                    std::size_t workspace_bytes);

@@ -90,6 +90,10 @@ void validate_grouped_gemm_options(const GroupedGemmShape& shape, const __nv_bfl
   if (tile != static_cast<int>(GroupedTile::square_128x128) && tile != static_cast<int>(GroupedTile::wide_128x256)) {
     throw InvalidArgument("options.tile (" + std::to_string(tile) + ") is not a GroupedTile");
   }
+  const int c_store = static_cast<int>(options.c_store);
+  if (c_store < static_cast<int>(CStore::tile_default) || c_store > static_cast<int>(CStore::through_shared_memory)) {
+    throw InvalidArgument("options.c_store (" + std::to_string(c_store) + ") is not a CStore");
+  }
   const std::size_t needed = grouped_gemm_workspace_bytes(shape);
   if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
   if (!aligned_to(workspace, 4)) throw InvalidArgument("workspace must be 4-byte aligned");
