@@ -241,7 +241,8 @@ struct NoEpilogue {
 //      thread keeps the same 4 columns in every row it visits, so their bias is read once and its
 //      next group is a pointer step away.
 // When the staging area does not fit the pipeline's shared memory (the large tile: 128 rows x 264
-// floats + the residual > 192 KiB), the tile is finished in two halves of rows.
+// floats + the residual > 192 KiB), the tile is finished in two halves of rows; without a residual
+// (BiasActivation, SwiGlu, StagedStore) the large tile's 132 KiB of staged rows fit at once.
 // Odd shapes (N % 8 != 0) and pointers that are not 16-byte aligned take the same loop, but read
 // bias and residual element by element from global memory and store element by element.
 
@@ -399,6 +400,18 @@ struct StagedStore {
   }
 };
 
+/// BiasActivationResidual for a call whose residual is null: nothing is kept beside the staged
+/// accumulators, so the large tile is staged whole, in one part (one barrier pair instead of two),
+/// as StagedStore is. The launch picks it where that changes the part count (the large tiles).
+struct BiasActivation : BiasActivationResidual {
+  static constexpr bool residual_rows = false;  ///< Staging keeps no residual rows: residual is null
+};
+
+/// True when a residual's rows split Cfg's staged epilogue into two parts and no residual keeps it
+/// whole (the 128 × 256 tiles): where BiasActivation is worth its own kernel.
+template <class Cfg>
+inline constexpr bool residual_rows_split_the_tile = Staging<Cfg, true>::parts > Staging<Cfg, false>::parts;
+
 /// False for staged epilogues that never read a residual and say so (StagedStore::residual_rows).
 template <class Epilogue>
 inline constexpr bool stages_residual_rows = true;
@@ -411,13 +424,14 @@ inline constexpr bool stages_residual_rows<Epilogue> = Epilogue::residual_rows;
 /// accumulators give 2 outputs, out_j = silu(gate_j + bias_2j) · (up_j + bias_2j+1). n (even)
 /// counts W's rows; C has n / 2 columns.
 struct SwiGlu {
-  static constexpr bool staged = true;         ///< finished through shared memory
-  static constexpr int outputs_per_group = 2;  ///< C columns per 4 accumulators
-  const __nv_bfloat16* bias;                   ///< [n] interleaved like W, or null
-  const __nv_bfloat16* residual = nullptr;     ///< never used (validated); keeps the staging code common
-  int n;                                       ///< rows of W (columns of the GEMM); C has n / 2
-  bool vector;                                 ///< n % 8 == 0 and c, bias 16-byte aligned
-  bool prefetched = false;                     ///< vector, and the launch added Prefetch<Cfg>::bytes
+  static constexpr bool staged = true;          ///< finished through shared memory
+  static constexpr int outputs_per_group = 2;   ///< C columns per 4 accumulators
+  const __nv_bfloat16* bias;                    ///< [n] interleaved like W, or null
+  static constexpr bool residual_rows = false;  ///< no residual (validated): one part on every tile
+  const __nv_bfloat16* residual = nullptr;      ///< never used (validated); keeps the staging code common
+  int n;                                        ///< rows of W (columns of the GEMM); C has n / 2
+  bool vector;                                  ///< n % 8 == 0 and c, bias 16-byte aligned
+  bool prefetched = false;                      ///< vector, and the launch added Prefetch<Cfg>::bytes
 
   /// Two outputs from the accumulators of W columns col..col+3 (gate, up, gate, up), @p bias4 the
   /// bias of those columns; one 4-byte store at @p out.

@@ -63,6 +63,8 @@ template <class Cfg>
 void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
   allow_dynamic_shared_memory_of<Cfg, NoEpilogue>(smem_per_block_optin);
   allow_dynamic_shared_memory_of<Cfg, BiasActivationResidual>(smem_per_block_optin);
+  if constexpr (residual_rows_split_the_tile<Cfg>)
+    allow_dynamic_shared_memory_of<Cfg, BiasActivation>(smem_per_block_optin);
   allow_dynamic_shared_memory_of<Cfg, SwiGlu>(smem_per_block_optin);
 }
 
@@ -110,6 +112,12 @@ DeviceLimits current_device_limits() {
 template <class Cfg, class Epilogue>
 void launch(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, bool paired,
             const Epilogue& epilogue, std::size_t smem_per_block_optin, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Epilogue, BiasActivationResidual> && residual_rows_split_the_tile<Cfg>) {
+    if (epilogue.residual == nullptr) {  // the whole tile staged at once: BiasActivation's kernel
+      launch<Cfg>(a, w, c, shape, paired, BiasActivation{epilogue}, smem_per_block_optin, stream);
+      return;
+    }
+  }
   const std::int64_t tiles_n = ceil_div(shape.n, Cfg::block_n);
   const std::int64_t blocks = ceil_div(shape.m, Cfg::block_m) * tiles_n;  // <= 2^31 - 1 (validated)
   Epilogue e = epilogue;
