@@ -410,7 +410,7 @@ struct BiasActivation : BiasActivationResidual {
 /// True when a residual's rows split Cfg's staged epilogue into two parts and no residual keeps it
 /// whole (the 128 × 256 tiles): where BiasActivation is worth its own kernel.
 template <class Cfg>
-inline constexpr bool residual_rows_split_the_tile = Staging<Cfg, true>::parts > Staging<Cfg, false>::parts;
+inline constexpr bool residual_rows_split_the_tile = (Staging<Cfg, true>::parts > Staging<Cfg, false>::parts);
 
 /// False for staged epilogues that never read a residual and say so (StagedStore::residual_rows).
 template <class Epilogue>
