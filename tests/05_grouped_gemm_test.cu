@@ -370,6 +370,21 @@ TEST(GroupedArguments, Rules) {
 }
 
 // Launch functions validate before any CUDA call: without a GPU they throw InvalidArgument.
+// Each tile stores as Chapter 2 stores it unless the options ask for the other store.
+TEST(GroupedOptions, WhereCGoesThroughSharedMemory) {
+  using kc::ch05::stores_c_through_shared_memory;
+  const auto options = [](GroupedTile tile, CStore store) {
+    return GroupedGemmOptions{TileOrder::grouped, kc::ch05::kDefaultGroupM, tile, store};
+  };
+  EXPECT_FALSE(stores_c_through_shared_memory(GroupedGemmOptions{}));  // the square tile, its default
+  EXPECT_FALSE(stores_c_through_shared_memory(options(GroupedTile::square_128x128, CStore::tile_default)));
+  EXPECT_TRUE(stores_c_through_shared_memory(options(GroupedTile::wide_128x256, CStore::tile_default)));
+  for (GroupedTile tile : {GroupedTile::square_128x128, GroupedTile::wide_128x256}) {
+    EXPECT_FALSE(stores_c_through_shared_memory(options(tile, CStore::from_registers)));
+    EXPECT_TRUE(stores_c_through_shared_memory(options(tile, CStore::through_shared_memory)));
+  }
+}
+
 TEST(GroupedArguments, LaunchesRejectBeforeAnyCudaCall) {
   HostBuffer a, w, c;
   std::int32_t offsets[9] = {};

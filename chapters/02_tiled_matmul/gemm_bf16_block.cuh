@@ -386,6 +386,12 @@ struct StagedStore {
   bool vector;                                               ///< n % 8 == 0 and c 16-byte aligned: 8-byte stores
   bool prefetched = false;                                   ///< never: there is nothing to prefetch
 
+  /// The store for C [.., @p n] at @p c: 8-byte stores of whole groups where every row of C starts
+  /// 16-byte aligned, else element by element. Host side, at launch.
+  static StagedStore for_output(int n, const __nv_bfloat16* c) {
+    return StagedStore{n, n % 8 == 0 && reinterpret_cast<std::uintptr_t>(c) % 16 == 0};
+  }
+
   /// Four outputs at (row, col..col+3) of C: rounded, one 8-byte store at @p out.
   __device__ void finish4(float (&x)[4], const float (&)[4], const __nv_bfloat16*, __nv_bfloat16* out) const {
     store4(x, out);

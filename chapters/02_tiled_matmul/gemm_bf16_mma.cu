@@ -337,12 +337,6 @@ void launch_large(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16*
   }
 }
 
-// The plain store through shared memory: 8-byte stores of whole groups where every row of C
-// starts 16-byte aligned, else element by element.
-StagedStore staged_store_for(GemmShape shape, const __nv_bfloat16* c) {
-  return StagedStore{static_cast<int>(shape.n), shape.n % 8 == 0 && aligned_to(c, 16)};
-}
-
 // The launch path after validation: no allocation, no synchronisation.
 template <class Epilogue = NoEpilogue>
 void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape, GemmBf16Tile tile,
@@ -360,7 +354,8 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
       if constexpr (std::is_same_v<Epilogue, NoEpilogue>) {
         // The plain GEMM's C leaves the large tile through shared memory, a warp writing whole
         // 256-byte rows: measured faster than the store from registers (large_register_store).
-        launch_large(a, w, c, shape, paired, staged_store_for(shape, c), info, limits, stream);
+        launch_large(a, w, c, shape, paired, StagedStore::for_output(static_cast<int>(shape.n), c), info, limits,
+                     stream);
       } else {
         launch_large(a, w, c, shape, paired, epilogue, info, limits, stream);
       }

@@ -74,6 +74,10 @@ struct GroupedGemmOptions {
   CStore c_store = CStore::tile_default;           ///< how C leaves each block
 };
 
+/// True when the one launch with @p options stores C through shared memory: options.c_store
+/// through_shared_memory, or tile_default on the wide tile. Host-only.
+bool stores_c_through_shared_memory(const GroupedGemmOptions& options);
+
 /// Columns of C per block tile of @p tile (128 or 256; rows are always kBlockM).
 constexpr int block_n_of(GroupedTile tile) { return tile == GroupedTile::wide_128x256 ? 256 : 128; }
 

@@ -111,6 +111,13 @@ std::size_t grouped_gemm_workspace_bytes(const GroupedGemmShape& shape) {
   return round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
 }
 
+bool stores_c_through_shared_memory(const GroupedGemmOptions& options) {
+  // The wide tile is Chapter 2's large tile and stores as that does, through shared memory; the
+  // square tile from registers, where the staged store measured no faster (docs/notes/ch05.md).
+  return options.c_store == CStore::through_shared_memory ||
+         (options.c_store == CStore::tile_default && options.tile == GroupedTile::wide_128x256);
+}
+
 std::int64_t grouped_gemm_grid_blocks(const GroupedGemmShape& shape, GroupedTile tile) {
   const std::int64_t block_n = block_n_of(tile);
   return max_m_tiles(shape.m_total, shape.experts, kBlockM) * ((shape.n + block_n - 1) / block_n);

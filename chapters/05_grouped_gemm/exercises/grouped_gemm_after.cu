@@ -129,14 +129,8 @@ void launch_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __
         a, w, c, offsets, tile_prefix, shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n),
         static_cast<int>(shape.k), tiles_n, options.order, options.group_m, paired, store);
   };
-  // The wide tile is Chapter 2's large tile and stores as that does, through shared memory; the
-  // square tile from registers (tile_default; measured in docs/notes/ch05.md).
-  const bool staged = options.c_store == CStore::through_shared_memory ||
-                      (options.c_store == CStore::tile_default && options.tile == GroupedTile::wide_128x256);
-  if (staged) {
-    // 8-byte stores of whole groups where every row of C starts 16-byte aligned; else element by element.
-    const bool vector = shape.n % 8 == 0 && reinterpret_cast<std::uintptr_t>(c) % 16 == 0;
-    go(StagedStore{static_cast<int>(shape.n), vector});
+  if (stores_c_through_shared_memory(options)) {
+    go(StagedStore::for_output(static_cast<int>(shape.n), c));
   } else {
     go(NoEpilogue{});
   }
