@@ -18,6 +18,7 @@
 #include "kc/reference.hpp"
 #include "kc/test_support.hpp"
 #include "kc/timer.hpp"
+#include "kc/validate.hpp"
 
 namespace {
 
@@ -313,3 +314,16 @@ TEST_F(HarnessGpu, L2FlusherRuns) {
 }
 
 }  // namespace
+
+TEST(Validate, OverlapsSharesAByte) {
+  alignas(16) char buffer[64] = {};
+  EXPECT_TRUE(kc::overlaps(buffer, 16, buffer + 15, 16));
+  EXPECT_FALSE(kc::overlaps(buffer, 16, buffer + 16, 16));
+  EXPECT_FALSE(kc::overlaps(buffer + 16, 16, buffer, 16));
+  EXPECT_TRUE(kc::overlaps(buffer, 64, buffer + 8, 4));
+  EXPECT_FALSE(kc::overlaps(buffer, 0, buffer, 16));  // an empty range overlaps nothing
+  EXPECT_FALSE(kc::overlaps(nullptr, 0, buffer, 16));
+  EXPECT_TRUE(kc::aligned_to(buffer, 16));
+  EXPECT_FALSE(kc::aligned_to(buffer + 4, 16));
+  EXPECT_TRUE(kc::aligned_to(buffer + 4, 4));
+}
