@@ -9,7 +9,6 @@
 // Inputs rotate over enough independent (a, b, c) sets to exceed twice the L2, so every launch reads
 // device memory; small n are timed as batches of launches between one pair of events.
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -84,37 +83,7 @@ void bench_copy_limit(benchmark::State& state, const kc::DeviceInfo& device, std
   state.counters["rotating_sets"] = static_cast<double>(sets);
 }
 
-// KC_TUNE=1 adds a sweep of the vectorized kernel's knobs (for the notes, not the results tables).
-void register_tuning(const kc::DeviceInfo& device) {
-  for (std::int64_t n : {std::int64_t{1} << 24, std::int64_t{1} << 28}) {
-    for (int unroll : {1, 2, 4}) {
-      for (int threads : {128, 256, 512}) {
-        for (int blocks_per_sm : {2, 4, 8, 16}) {
-          if (threads * blocks_per_sm > device.max_threads_per_sm) continue;
-          const kc::ch01::VectorizedConfig config{threads, unroll, blocks_per_sm};
-          const std::string name = "ch01/tune_u" + std::to_string(unroll) + "_t" + std::to_string(threads) + "_b" +
-                                   std::to_string(blocks_per_sm) + "/fp32_N" + std::to_string(n);
-          kc::bench::configure(benchmark::RegisterBenchmark(name.c_str(), [&device, config, n](benchmark::State& s) {
-            thread_local kc::ch01::VectorizedConfig current;
-            current = config;
-            bench_add(
-                s, device,
-                [](const float* a, const float* b, float* c, std::int64_t count, cudaStream_t st) {
-                  kc::ch01::vector_add_after(a, b, c, count, st, current);
-                },
-                n);
-          }));
-        }
-      }
-    }
-  }
-}
-
 void register_benchmarks(const kc::DeviceInfo& device) {
-  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
-    register_tuning(device);
-    return;
-  }
   for (int log2n = 16; log2n <= 28; log2n += 2) {
     const std::int64_t n = std::int64_t{1} << log2n;
     const std::string label = "fp32_N" + std::to_string(n);

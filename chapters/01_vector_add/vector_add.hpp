@@ -7,7 +7,7 @@
 ///
 /// Rules shared by all three: n >= 0; a, b and c may be null only when n == 0; c may be the same
 /// array as a or b (in-place add) but must not partly overlap either. Pointers need only the
-/// natural 4-byte alignment of float: the vectorized kernel handles any offset (see its notes).
+/// natural 4-byte alignment of float: the vectorized kernel handles any offset (see vector_add_after).
 #pragma once
 
 #include <cuda_runtime.h>

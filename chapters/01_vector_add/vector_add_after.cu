@@ -24,7 +24,12 @@ namespace kc::ch01 {
 namespace {
 
 __device__ __forceinline__ float4 add4(float4 x, float4 y) {
+  // exercise 1: Return the element-wise sum of two float4 (make_float4 builds one from four floats).
+  // stub: (void)x;
+  // stub: (void)y;
+  // stub: return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   return make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+  // end exercise 1
 }
 
 // Elements [0, head) and [tail_begin, n) are added one float at a time; the n4 float4 in between
@@ -45,19 +50,34 @@ __global__ void vector_add_vectorized(const float* a, const float* b, float* c, 
     float4 x[kUnroll], y[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+      // exercise 2: Load the u-th float4 of a and of b for this thread. This thread's float4 in this
+      // exercise 2: step are i, i + stride, i + 2 * stride, ...: neighbouring threads must read
+      // exercise 2: neighbouring float4 (coalescing), so the step between a thread's own loads is `stride`.
+      // stub: x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      // stub: y[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       x[u] = a4[i + u * stride];
       y[u] = b4[i + u * stride];
+      // end exercise 2
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) c4[i + u * stride] = add4(x[u], y[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      // exercise 3: Store add4(x[u], y[u]) to the matching float4 of c.
+      // stub: (void)c4;
+      c4[i + u * stride] = add4(x[u], y[u]);
+      // end exercise 3
+    }
   }
   // Remainder of the float4 body: fewer than kUnroll * stride float4 are left.
   for (; i < n4; i += stride) c4[i] = add4(a4[i], b4[i]);
 
   // Scalar head and tail (at most 3 elements each, or everything in the fallback).
   for (std::int64_t j = thread; j < head; j += stride) c[j] = a[j] + b[j];
+  // exercise 4: The tail. Elements [head + 4 * n4, n) are not covered by the float4 body: add them one
+  // exercise 4: float at a time with a grid-stride loop like the head's. Which test sizes fail without it?
+  // stub: (void)n;
   const std::int64_t tail_begin = head + 4 * n4;
   for (std::int64_t j = tail_begin + thread; j < n; j += stride) c[j] = a[j] + b[j];
+  // end exercise 4
 }
 
 template <int kUnroll>

@@ -4,18 +4,16 @@
 #include <string>
 
 #include "kc/check.hpp"
+#include "kc/validate.hpp"
 #include "vector_add.hpp"
 
 namespace kc::ch01 {
 
 namespace {
-// True when [x, x + n) and [y, y + n) share at least one element but are not the same range.
+// The rule for c against a and b: the same array (an in-place add) or no shared element at all.
 bool partly_overlaps(const float* x, const float* y, std::int64_t n) {
-  if (x == y) return false;
-  const auto xs = reinterpret_cast<std::uintptr_t>(x);
-  const auto ys = reinterpret_cast<std::uintptr_t>(y);
-  const auto bytes = static_cast<std::uintptr_t>(n) * sizeof(float);
-  return xs < ys + bytes && ys < xs + bytes;
+  const auto bytes = static_cast<std::uint64_t>(n) * sizeof(float);
+  return x != y && overlaps(x, bytes, y, bytes);
 }
 }  // namespace
 
@@ -25,7 +23,7 @@ void validate_vector_add(const float* a, const float* b, const float* c, std::in
   if (a == nullptr) throw InvalidArgument("a must not be null when n > 0");
   if (b == nullptr) throw InvalidArgument("b must not be null when n > 0");
   if (c == nullptr) throw InvalidArgument("c must not be null when n > 0");
-  auto aligned_for_float = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0; };
+  auto aligned_for_float = [](const float* p) { return aligned_to(p, alignof(float)); };
   if (!aligned_for_float(a)) throw InvalidArgument("a must be 4-byte aligned (the alignment of float)");
   if (!aligned_for_float(b)) throw InvalidArgument("b must be 4-byte aligned (the alignment of float)");
   if (!aligned_for_float(c)) throw InvalidArgument("c must be 4-byte aligned (the alignment of float)");

@@ -1,11 +1,25 @@
-// EXERCISE (Chapter 1): finish the vectorized vector add.
-//
-// This file replaces vector_add_after.cu when you configure with -DKC_EXERCISES=ON
-// (`cmake --workflow --preset exercises` or `cmake --preset exercises`). The chapter's tests then
-// run against your code:  ctest --preset exercises -L ch01
-// Fill in the four TODOs. Until you do, the tests of the `after` variant fail (that is the point).
-// Hints are next to each TODO; the lesson (README.md, "After") walks through the solution.
+// EXERCISE: vector_add_after.cu with its key lines replaced by TODOs. Fill them in here.
+// Generated from ../vector_add_after.cu by tools/exercises.py (do not edit the solution's copy).
+// Build and test this file in place of the solution:
+//   cmake --preset exercises && cmake --build --preset exercises && ctest --preset exercises -L ch01
+// Until every TODO is done the chapter's tests fail; the lesson (README.md) explains the solution.
 
+// After: 16-byte vector loads in a grid-stride loop that fills the GPU once.
+//
+// Three changes over the one-thread-per-element kernel, each aimed at keeping more bytes in flight
+// per instruction and per thread, because a memory-bound kernel is fast only when enough requests
+// are outstanding to cover the ~600-800 ns DRAM latency (Little's law: bandwidth x latency ≈ 3 MB
+// in flight on an H200):
+//   1. float4 accesses: one LDG.128 moves 16 bytes where LDG.32 moved 4 - a quarter of the
+//      load/store instructions for the same bytes.
+//   2. unroll: each thread issues all its loads (kUnroll float4 of a and of b) before the first add,
+//      so they are in flight together instead of one after the other.
+//   3. grid-stride loop over a grid sized to the GPU (SMs x blocks per SM): every block lives for the
+//      whole kernel, with no block-scheduling gaps, and any n works with the same launch.
+// float4 needs 16-byte-aligned addresses. cudaMalloc returns 256-byte-aligned memory, but a caller
+// may pass `p + 1`; if a, b and c share the same offset within 16 bytes, we peel 1-3 scalar elements
+// (the head) until all three are aligned. If their offsets differ, no shared float4 view exists and
+// every element takes the scalar path.
 #include <string>
 
 #include "kc/check.hpp"
@@ -16,7 +30,7 @@ namespace kc::ch01 {
 namespace {
 
 __device__ __forceinline__ float4 add4(float4 x, float4 y) {
-  // TODO 1: return the element-wise sum of two float4 (make_float4 builds one from four floats).
+  // TODO 1: Return the element-wise sum of two float4 (make_float4 builds one from four floats).
   (void)x;
   (void)y;
   return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -40,15 +54,15 @@ __global__ void vector_add_vectorized(const float* a, const float* b, float* c, 
     float4 x[kUnroll], y[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      // TODO 2: load the u-th float4 of a and of b for this thread. Hint: this thread's float4
-      // in this step are i, i + stride, i + 2 * stride, ...; neighbouring threads must read
+      // TODO 2: Load the u-th float4 of a and of b for this thread. This thread's float4 in this
+      // step are i, i + stride, i + 2 * stride, ...: neighbouring threads must read
       // neighbouring float4 (coalescing), so the step between a thread's own loads is `stride`.
       x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       y[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      // TODO 3: store add4(x[u], y[u]) to the matching float4 of c.
+      // TODO 3: Store add4(x[u], y[u]) to the matching float4 of c.
       (void)c4;
     }
   }
@@ -57,7 +71,7 @@ __global__ void vector_add_vectorized(const float* a, const float* b, float* c, 
 
   // Scalar head and tail (at most 3 elements each, or everything in the fallback).
   for (std::int64_t j = thread; j < head; j += stride) c[j] = a[j] + b[j];
-  // TODO 4: the tail. Elements [head + 4 * n4, n) are not covered by the float4 body; add them one
+  // TODO 4: The tail. Elements [head + 4 * n4, n) are not covered by the float4 body: add them one
   // float at a time with a grid-stride loop like the head's. Which test sizes fail without it?
   (void)n;
 }
