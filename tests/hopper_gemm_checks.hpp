@@ -17,6 +17,8 @@
 #include "hopper_gemm.hpp"
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"
+#include "kc/random.hpp"
+#include "kc/reference.hpp"
 #include "kc/test_support.hpp"
 #include "vendor_cublas.hpp"
 
@@ -133,4 +135,8 @@ inline void check_launch(const std::string& name, const Launch& launch, GemmShap
   }
 }
 
-inline void check_step(HopperStep step, GemmShape s, bool against_cublas) {}  // namespace kc::test::hopper
+inline void check_step(HopperStep step, GemmShape s, bool against_cublas) {
+  check_launch(kc::ch07::to_string(step), step_launch(step), s, against_cublas);
+}
+
+}  // namespace kc::test::hopper
