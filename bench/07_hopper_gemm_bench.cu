@@ -8,10 +8,6 @@
 // launch's start-up overlaps the previous launch's last tiles), vendor (cuBLAS GemmEx, fp32
 // accumulate) and vendor_cublaslt (cuBLASLt's matmul with its heuristic's first algorithm,
 // Chapter 3's plan). pytorch (torch.nn.functional.linear) comes from tools/pytorch_baselines.py.
-// KC_TUNE=1 registers the tuning rows instead (for docs/notes, not the results tables): step 6
-// against its alternatives (HopperTuning: three stages; a 128 × 128 tile; prefetched tensor maps;
-// C staged one box at a time),
-// `after`, `after` without its epilogue (a measurement: it writes no C) and cuBLAS, on every case.
 //
 // Counters: bytes_per_second from the fewest bytes (A, W, C once each) and flops = 2·M·N·K, the same
 // for every variant of a case. Inputs rotate over enough independent sets to exceed twice the L2.
@@ -24,7 +20,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -43,7 +38,6 @@ namespace {
 using bf16 = __nv_bfloat16;
 using kc::ch07::GemmShape;
 using kc::ch07::HopperStep;
-using kc::ch07::HopperTuning;
 
 constexpr std::size_t kMaxRotationBytes = std::size_t{8} << 30;
 
@@ -121,7 +115,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     }));
   };
   // `after`: gemm_bf16_hopper with its Stream-K workspace, allocated and zero-filled outside the timed
-  // region (the launches leave it zero-filled); the plan's split tiles shown as a counter (0: the
+  // region (the launches leave its flags zero); the plan's split tiles shown as a counter (0: the
   // whole-tile kernel ran).
   auto add_after = [&device](const std::string& name, const GemmShape& shape) {
     kc::bench::configure(benchmark::RegisterBenchmark(name.c_str(), [&device, shape](benchmark::State& st) {
@@ -130,32 +124,9 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       bench_gemm(st, device, shape, [&workspace](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
         kc::ch07::gemm_bf16_hopper(a, w, c, s, workspace.data(), workspace.size(), q);
       });
-      st.counters["split_tiles"] = kc::ch07::gemm_bf16_hopper_stream_k_plan(shape).split_tiles;
+      st.counters["split_tiles"] = kc::ch07::gemm_bf16_hopper_stream_k_plan(shape).sk_tiles;
     }));
   };
-  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
-    for (const GemmShape& shape : kShapes) {
-      const std::string label = case_label(shape);
-      add("ch07/tune_step6/" + label, shape, step(HopperStep::tma_store));
-      for (const HopperTuning tuning :
-           {HopperTuning::step6_three_stages, HopperTuning::step6_small_tile, HopperTuning::step6_prefetch_maps,
-            HopperTuning::step6_mainloop_only, HopperTuning::step6_loads_only, HopperTuning::step6_small_loads_only,
-            HopperTuning::step6_box_ring, HopperTuning::step6_held_stage, HopperTuning::step6_held_stage_late,
-            HopperTuning::step6_stage_only}) {
-        add(std::string("ch07/") + kc::ch07::to_string(tuning) + "/" + label, shape,
-            [tuning](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
-              kc::ch07::gemm_bf16_hopper_tuning(tuning, a, w, c, s, q);
-            });
-      }
-      add("ch07/tune_whole_tiles/" + label, shape,
-          [](const bf16* a, const bf16* w, bf16* c, GemmShape s, cudaStream_t q) {
-            kc::ch07::gemm_bf16_hopper(a, w, c, s, q);  // no workspace: every tile whole
-          });
-      add_after("ch07/tune_after/" + label, shape);
-      add_cublas("ch07/tune_vendor/" + label, shape);
-    }
-    return;
-  }
   for (const GemmShape& shape : kShapes) {
     const std::string label = case_label(shape);
     add("ch07/before/" + label, shape,

@@ -3,8 +3,7 @@
 /// per cluster and multicast to both CTAs (step5_cluster_multicast.cu explains the cluster protocol).
 /// The template parameter, a tile, picks the epilogue: step 5 stores the accumulators from registers
 /// while the tensor cores wait; step 6 stages them in shared memory and lets TMA store them
-/// (step6_tma_store.cu explains it), so the consumers start their next tile at once. It also picks
-/// the width: 256 columns, or 128 for the small-problem alternative.
+/// (step6_tma_store.cu explains it), so the consumers start their next tile at once.
 #pragma once
 
 #include "hopper_ptx.cuh"
@@ -15,20 +14,11 @@ namespace kc::ch07::detail {
 
 // The kernel's template argument is a tile, passed as a type that holds it: nvcc's launch stubs do not
 // take a class-type template argument (a TileConfig) directly. The type also carries two launch
-// options, off unless `after` or a tuning row turns them on.
-/// The options every tile type starts from: no tensor-map prefetch, an ordinary launch.
+// options, off unless `after` turns them on.
+/// The options every tile type starts from: an ordinary launch, every tile whole.
 struct ClusterKernelOptions {
-  static constexpr bool prefetch_maps = false;     ///< prefetch.tensormap before the first load
   static constexpr bool dependent_launch = false;  ///< programmatic stream serialization, griddepcontrol
-  static constexpr bool skip_epilogue = false;     ///< a measurement only: C is never written
-  static constexpr bool skip_math = false;         ///< a measurement only: no wgmma, no C
-  static constexpr bool box_ring_store = false;    ///< stage and store C one 64-column box at a time
-  static constexpr bool skip_store = false;        ///< a measurement only: C staged, never stored
-  /// Stage the tile's second half in its last pipeline stage, held until TMA has read it, so the
-  /// whole tile is staged at once; the hold ends at slice held_release_slice of the next tile.
-  static constexpr bool held_stage_store = false;
-  static constexpr int held_release_slice = 0;  ///< with held_stage_store: when the held stage is released
-  static constexpr bool stream_k = false;       ///< Stream-K on the last round (out.stream_k, out.workspace)
+  static constexpr bool stream_k = false;          ///< Stream-K on the last round (out.stream_k, out.workspace)
 };
 /// Step 5's tile as a kernel template argument.
 struct Step5Cluster : ClusterKernelOptions {
@@ -38,77 +28,22 @@ struct Step5Cluster : ClusterKernelOptions {
 struct Step6Cluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6Tile;  ///< 128 × 256, 4 stages, half the tile staged at a time
 };
-/// Step 6's three-stage alternative as a kernel template argument.
-struct Step6ThreeStageCluster : ClusterKernelOptions {
-  static constexpr TileConfig tile = kStep6ThreeStageTile;  ///< 128 × 256, 3 stages, the whole tile staged
-};
-/// Step 6's small-problem alternative as a kernel template argument.
-struct Step6SmallCluster : ClusterKernelOptions {
-  static constexpr TileConfig tile = kStep6SmallTile;  ///< 128 × 128, 6 stages, the whole tile staged
-};
-/// Step 6 with its tensor maps prefetched at kernel start (HopperTuning::step6_prefetch_maps).
-struct Step6PrefetchMapsCluster : ClusterKernelOptions {
-  static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
-  static constexpr bool prefetch_maps = true;     ///< prefetch.tensormap before the first load
-};
 /// Step 6 launched as a programmatic dependent of the previous kernel in the stream: `after`.
 struct Step6DependentLaunchCluster : ClusterKernelOptions {
   static constexpr TileConfig tile = kStep6Tile;  ///< step 6's tile
   static constexpr bool dependent_launch = true;  ///< programmatic stream serialization, griddepcontrol
-};
-/// `after` with its epilogue left out (HopperTuning::step6_mainloop_only): loads, wgmma and the
-/// pipeline as in `after`, then on to the next tile without storing. Not a GEMM: it measures how much
-/// of `after`'s time the epilogues cost, the most that hiding them could win.
-struct Step6MainloopOnlyCluster : Step6DependentLaunchCluster {
-  static constexpr bool skip_epilogue = true;  ///< C is never written
-};
-/// `after`'s loads alone (HopperTuning::step6_loads_only): the producer and the pipeline as in
-/// `after`, the consumers wait for each stage and release it without any wgmma or epilogue. Not a
-/// GEMM: the time it takes is what feeding this tile costs, to set beside the main loop's.
-struct Step6LoadsOnlyCluster : Step6MainloopOnlyCluster {
-  static constexpr bool skip_math = true;  ///< no wgmma, no C
-};
-/// The same for the 128 × 128 tile (HopperTuning::step6_small_loads_only): 1.5 × the bytes from L2
-/// per FLOP of the 128 × 256 tile, the traffic a ping-pong schedule of 128 × 128 tiles would need.
-struct Step6SmallLoadsOnlyCluster : Step6LoadsOnlyCluster {
-  static constexpr TileConfig tile = kStep6SmallTile;  ///< 128 × 128, 6 stages
-};
-/// `after` with the epilogue staged one 64 × 64 box at a time through two box buffers
-/// (HopperTuning::step6_box_ring): the wait for a buffer's previous store overlaps the staging of
-/// the next box, where step 6 waits for a whole half tile's store before staging the other half.
-struct Step6BoxRingCluster : Step6DependentLaunchCluster {
-  static constexpr bool box_ring_store = true;  ///< one box at a time, two box buffers per consumer
-};
-/// `after` with the whole tile staged at once (HopperTuning::step6_held_stage): the first half in the
-/// staging buffer, the second in the W tile of the tile's last pipeline stage, which the consumers
-/// hold (do not release) until TMA has read it. No wait between the two halves, and all 4 stages
-/// stay in the pipeline: the producer refills the held stage once it is released, at the next tile's
-/// first slice.
-struct Step6HeldStageCluster : Step6DependentLaunchCluster {
-  static constexpr bool held_stage_store = true;  ///< second half staged in the last stage's W tile
-};
-/// The same, released one slice later (HopperTuning::step6_held_stage_late): one more slice of math
-/// for TMA to read the staged half before the store leader waits for it.
-struct Step6HeldStageLateCluster : Step6HeldStageCluster {
-  static constexpr int held_release_slice = 1;  ///< released after the next tile's second slice is issued
 };
 /// `after` with Stream-K on the last round (gemm_bf16_hopper with a workspace): the full rounds of
 /// whole tiles, then the last round's tiles shared out by slice over every cluster (StreamKPlan).
 struct Step6StreamKCluster : Step6DependentLaunchCluster {
   static constexpr bool stream_k = true;  ///< out.stream_k and out.workspace
 };
-/// `after`'s epilogue without its stores (HopperTuning::step6_stage_only): both halves staged, with
-/// the fences and barriers, but no TMA store, so C is never written. A measurement: against
-/// step6_mainloop_only it gives what staging costs, against `after` what the stores add.
-struct Step6StageOnlyCluster : Step6DependentLaunchCluster {
-  static constexpr bool skip_store = true;  ///< staged, never stored
-};
 
 /// The kernel of steps 5 and 6: a persistent grid of clusters of two CTAs, each with a producer
 /// warpgroup (TMA loads, W multicast to both CTAs) and two consumer warpgroups (wgmma, then the
 /// epilogue). The tile picks the epilogue: stores from registers without C staging (step 5,
 /// kStep5Tile), TMA stores of C staged kTile.c_staging_parts times per tile with it (step 6,
-/// kStep6Tile; its alternatives kStep6ThreeStageTile and kStep6SmallTile). @p c_map is read only when
+/// kStep6Tile). @p c_map is read only when
 /// kTile.c_staging and out.tma_store. @p Tile is one of the tile types above (Tile::tile is the tile).
 template <class Tile>
 __global__ void __launch_bounds__(Tile::tile.threads(), 1)
@@ -129,9 +64,6 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
                     65536 / kTile.threads() / 8 * 8 * kTile.threads(),
                 "setmaxnreg moves registers between warpgroups; it cannot create them");
   constexpr int kPartCols = kTile.block_n / kStoreParts;  // columns of C staged at a time
-  static_assert(!Tile::held_stage_store || (kStoreParts == 2 && kTile.w_tile_bytes() / kTile.consumer_warpgroups ==
-                                                                    kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
-                "held stage: each consumer's second half fits its half of the last stage's W tile");
   static_assert(!kTmaStore || (kTile.c_staging_bytes() / kTile.consumer_warpgroups ==
                                kStoreBoxBytes * (kPartCols / kStoreBoxCols)),
                 "each consumer stages its 64 rows as block_n / c_staging_parts / 64 boxes of 64 × 64 at a time");
@@ -177,37 +109,29 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     int k_begin, k_end;
     int split_tile;  // which split tile the piece is of; -1 for a whole tile
   };
-  const int whole_tiles = Tile::stream_k ? out.stream_k.whole_tiles : static_cast<int>(cluster_tiles);
+  const int whole_tiles = Tile::stream_k ? out.stream_k.dp_tiles : static_cast<int>(cluster_tiles);
   const int whole_units =
       whole_tiles > cluster ? static_cast<int>((whole_tiles - cluster + clusters - 1) / clusters) : 0;
   const int units = whole_units + (Tile::stream_k ? 2 : 0);
   // This cluster's Stream-K pieces and, for the piece it owns, the first cluster holding a piece of
   // the same tile: worked out once, by thread 0 while it sets up the barriers (64-bit divisions,
   // which the consumers have no registers to spare for), and read from shared memory.
-  __shared__ StreamKPiece split_pieces[2];
+  __shared__ ch06::WorkUnit split_pieces[2];
   __shared__ int owned_tile_first_cluster;
   auto unit_of = [&](int u) {
     if (u < whole_units)
       return WorkUnit{static_cast<int>(cluster + static_cast<std::int64_t>(u) * clusters), 0, k_tiles, -1};
-    const StreamKPiece piece = split_pieces[u - whole_units];
+    const ch06::WorkUnit piece = split_pieces[u - whole_units];
     return WorkUnit{whole_tiles + piece.tile, piece.k_begin, piece.k_end, piece.tile};
   };
 
-  if constexpr (Tile::prefetch_maps) {
-    // The producer thread's first loads need A's and W's maps; the store leaders' first store, C's.
-    if (threadIdx.x == 0) {
-      ptx::prefetch_tensor_map(&a_map);
-      ptx::prefetch_tensor_map(&w_map);
-      if (kTmaStore && out.tma_store) ptx::prefetch_tensor_map(&c_map);
-    }
-  }
   if (threadIdx.x == 0) {
     if constexpr (Tile::stream_k) {
       owned_tile_first_cluster = static_cast<int>(cluster);
       for (int i = 0; i < 2; ++i) {
         split_pieces[i] = stream_k_piece(out.stream_k, static_cast<int>(cluster), i);
         if (split_pieces[i].k_begin < split_pieces[i].k_end && split_pieces[i].k_end == k_tiles) {
-          owned_tile_first_cluster = stream_k_first_cluster(out.stream_k, split_pieces[i].tile);
+          owned_tile_first_cluster = ch06::first_contributor(out.stream_k, split_pieces[i].tile);
         }
       }
     }
@@ -267,18 +191,6 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
     float acc[kTile.block_n / 2];  // no zeroing: each tile's first wgmma has scale-d = 0
     PipelineState c;
     int previous_stage = 0;
-    // Tile::held_stage_store: the stage that holds the second half of the previous tile's staged C,
-    // or -1. Its store leader releases it for the whole warpgroup once TMA has read it.
-    int held_stage = -1;
-    auto release_held = [&held_stage, empty, store_leader]() {
-      if (store_leader) {
-        ptx::bulk_wait_group_read<0>();  // every store of this warpgroup has read its staged C
-        for (int cta = 0; cta < Tile::tile.cluster_m; ++cta) {
-          ptx::mbarrier_arrive_cluster(&empty[held_stage], cta, kWarpgroupThreads / 32);  // for its 4 warps
-        }
-      }
-      held_stage = -1;
-    };
     // Stream-K, after a piece of a split tile: a piece without the tile's last slice is stored as
     // this consumer's partial for the owner, and a flag says it is there (false: nothing to write).
     // The owner's piece adds the partials of the clusters before it, each once its flag is up (and
@@ -340,7 +252,7 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
       const MemberTile t = tile_of(unit.cluster_tile);
       for (int kt = unit.k_begin; kt < unit.k_end; ++kt, c.advance(kTile.stages)) {
         ptx::mbarrier_wait(&full[c.stage], c.phase);
-        if (t.has_rows && !Tile::skip_math) {
+        if (t.has_rows) {
           const std::uint64_t a_desc = ptx::descriptor_of(stage(c.stage) + consumer * 64 * 128);
           const std::uint64_t w_desc = ptx::descriptor_of(stage(c.stage) + kTile.a_box_bytes());
           ptx::wgmma_fence();
@@ -356,90 +268,17 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
         }
         ptx::wgmma_wait_group<1>();
         if (kt > unit.k_begin) release(previous_stage);
-        if constexpr (Tile::held_stage_store) {
-          if (held_stage >= 0 && (kt - unit.k_begin == Tile::held_release_slice || kt == unit.k_end - 1)) {
-            release_held();
-          }
-        }
         previous_stage = c.stage;
       }
       ptx::wgmma_wait_group<0>();
-      // Tile::held_stage_store keeps the last stage for the second half of the staged C.
-      const bool hold_last_stage = Tile::held_stage_store && t.has_rows && out.tma_store;
-      if (hold_last_stage) {
-        held_stage = previous_stage;
-      } else {
-        release(previous_stage);
-      }
+      release(previous_stage);
       if (!t.has_rows) continue;
-      if constexpr (Tile::skip_math) continue;  // no accumulators to keep alive
-      if (Tile::skip_epilogue || (Tile::skip_store && !out.tma_store)) {
-        // (step6_stage_only where C cannot take TMA stores: it has no stores to leave out, so it too
-        // writes nothing.)
-        // ptxas replaces a wgmma whose accumulators are never read by a dummy one (HGMMA.64x8x16,
-        // zero registers), which would measure the loads alone. So every accumulator is read into
-        // one value that is stored only under a condition the compiler cannot rule out and the
-        // host never allows (M >= 1): the math stays, and C is not written.
-        std::uint32_t bits = 0;
-#pragma unroll
-        for (float v : acc) bits |= __float_as_uint(v);
-        if (out.m < 0) out.c[bits % 2] = __float2bfloat16(static_cast<float>(bits));
-        continue;
-      }
       if constexpr (Tile::stream_k) {
         if (unit.split_tile >= 0 && !stream_k_fix_up(unit.k_end == k_tiles)) continue;
       }
       ptx::fence_accumulators(acc);
       const int row0 = t.at.m0 + 64 * consumer;
-      if constexpr (kTmaStore && Tile::box_ring_store) {
-        if (out.tma_store) {
-          // Box b goes through buffer b % 2 of this consumer's two. Its leader, once every thread
-          // has staged box b, first waits until box b - 1 (the only store still pending) has been
-          // read, then stores box b: so when the threads pass the barrier and stage box b + 1 into
-          // box b - 1's buffer, that buffer is free. Each wait overlaps the next box's staging.
-          constexpr int kBoxes = kTile.block_n / kStoreBoxCols;
-          static_assert(kTile.c_staging_bytes() / kTile.consumer_warpgroups == 2 * kStoreBoxBytes,
-                        "two box buffers per consumer");
-#pragma unroll
-          for (int box = 0; box < kBoxes; ++box) {
-            unsigned char* buffer = my_staging + (box % 2) * kStoreBoxBytes;
-            ptx::stage_accumulators<kStoreBoxCols / 16>(acc, buffer, box * (kStoreBoxCols / 16));
-            ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
-            if (store_leader) ptx::bulk_wait_group_read<0>();
-            ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
-            if (store_leader) {
-              const int col = t.at.n0 + box * kStoreBoxCols;
-              if (row0 < out.m && col < out.n) ptx::tma_store_2d(&c_map, buffer, col, row0);
-              ptx::bulk_commit_group();
-            }
-          }
-        } else {
-          ptx::store_accumulators(acc, out, row0, t.at.n0);
-        }
-      } else if (kTmaStore && Tile::held_stage_store && out.tma_store) {
-        // The whole tile at once. The staging buffer is free: every earlier store was read before
-        // its held stage was released. The held stage's W tile is free once both consumers' last
-        // wgmma are done (the barrier over both warpgroups); the A box is left alone.
-        unsigned char* held_half =
-            stage(held_stage) + kTile.a_box_bytes() + consumer * (kTile.w_tile_bytes() / kTile.consumer_warpgroups);
-        ptx::stage_accumulators<kPartCols / 16>(acc, my_staging, 0);
-        ptx::named_barrier_sync(3, kTile.consumer_warpgroups * kWarpgroupThreads);
-        ptx::stage_accumulators<kPartCols / 16>(acc, held_half, kPartCols / 16);
-        ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
-        ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
-        if (store_leader) {
-          if (row0 < out.m) {
-            for (int box = 0; box < kTile.block_n / kStoreBoxCols; ++box) {
-              const int col = t.at.n0 + box * kStoreBoxCols;
-              const int in_half = box % (kPartCols / kStoreBoxCols);
-              unsigned char* src =
-                  (box < kPartCols / kStoreBoxCols ? my_staging : held_half) + in_half * kStoreBoxBytes;
-              if (col < out.n) ptx::tma_store_2d(&c_map, src, col, row0);
-            }
-          }
-          ptx::bulk_commit_group();
-        }
-      } else if (kTmaStore && out.tma_store) {
+      if (kTmaStore && out.tma_store) {
         // Step 6. The staging buffer is free once the previous stores have read it (in practice long
         // ago for the first part: a whole tile of math has passed); the barrier tells the other 127
         // threads. With kStoreParts = 2 the second half waits for the first half's read.
@@ -450,7 +289,7 @@ __global__ void __launch_bounds__(Tile::tile.threads(), 1)
           ptx::stage_accumulators<kPartCols / 16>(acc, my_staging, part * (kPartCols / 16));
           ptx::fence_proxy_async_shared();  // the stmatrix writes, visible to TMA
           ptx::named_barrier_sync(1 + consumer, kWarpgroupThreads);
-          if (store_leader && !Tile::skip_store) {
+          if (store_leader) {
             if (row0 < out.m) {
               for (int box = 0; box < kPartCols / kStoreBoxCols; ++box) {
                 const int col = t.at.n0 + part * kPartCols + box * kStoreBoxCols;
@@ -536,8 +375,8 @@ void launch_cluster_gemm(const CUtensorMap& a_map, const CUtensorMap& w_map, con
     const int clusters = grid / kTile.cluster_m;
     launch_out.stream_k = stream_k_plan(cluster_tile_count(out.tiles_m, out.tiles_n, kTile.cluster_m), clusters,
                                         (out.k + kBlockK - 1) / kBlockK);
-    if (launch_out.stream_k.split_tiles > 0 && (clusters > StreamKWorkspace::kMaxClusters || out.workspace == nullptr ||
-                                                out.workspace_bytes < StreamKWorkspace::bytes(clusters))) {
+    if (launch_out.stream_k.sk_tiles > 0 && (clusters > StreamKWorkspace::kMaxClusters || out.workspace == nullptr ||
+                                             out.workspace_bytes < StreamKWorkspace::bytes(clusters))) {
       throw InvalidArgument("workspace_bytes (" + std::to_string(out.workspace_bytes) + ") must be at least " +
                             std::to_string(StreamKWorkspace::bytes(clusters)) + " for a grid of " +
                             std::to_string(clusters) + " clusters (gemm_bf16_hopper_workspace_bytes())");

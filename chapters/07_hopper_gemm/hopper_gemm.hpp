@@ -166,13 +166,16 @@ void validate_hopper_workspace(const __nv_bfloat16* a, const __nv_bfloat16* w, c
 /// gemm_bf16_hopper with Stream-K on the last round: when the cluster tiles do not fill the last
 /// round of the persistent grid, the full rounds take whole tiles and the last round's tiles are
 /// shared out slice by slice over every cluster; the pieces are summed in fp32 through
-/// @p workspace (StreamKPlan in hopper_tiles.hpp says when and how). Results may differ from the
+/// @p workspace (stream_k_plan in hopper_tiles.hpp says when, Chapter 6's plan says how). Results may differ from the
 /// whole-tile launch in the last bits of the split tiles (another order of the fp32 sums), and are
 /// the same run to run.
 ///
-/// The workspace must be zero-filled once before its first use (cudaMemset); every launch leaves it
-/// zero-filled again. One workspace serves one launch at a time: launches on different streams that
-/// may run at once need one each.
+/// The workspace begins with a region of flags, one per partial tile, that must be zero before a
+/// launch: zero-fill the whole workspace once before its first use (cudaMemset). Every launch puts
+/// each flag it raised back to zero, so the next launch needs no clearing. The rest of the workspace
+/// holds the fp32 partial tiles: scratch whose content after a launch is unspecified (a split launch
+/// leaves its partials there) and whose content before a launch does not matter. One workspace
+/// serves one launch at a time: launches on different streams that may run at once need one each.
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned
 /// @param c [M, N] row-major output, 2-byte aligned
@@ -183,53 +186,13 @@ void validate_hopper_workspace(const __nv_bfloat16* a, const __nv_bfloat16* w, c
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                       void* workspace, std::size_t workspace_bytes, cudaStream_t stream = nullptr);
 
-/// The StreamKPlan (hopper_tiles.hpp) that gemm_bf16_hopper with a workspace runs for @p shape on
-/// the current device: how many cluster tiles it takes whole and how many it splits by slice, for
-/// the grid this GPU holds. Throws kc::InvalidArgument for a bad shape, UnsupportedGpu where the
-/// kernels cannot run. Queries the device once.
+/// The Stream-K plan (hopper_tiles.hpp: Chapter 6's StreamKPlan over clusters) that gemm_bf16_hopper
+/// with a workspace runs for @p shape on the current device: how many cluster tiles it takes whole
+/// (dp_tiles) and how many it splits by slice (sk_tiles), for the grid this GPU holds. Throws
+/// kc::InvalidArgument for a bad shape, UnsupportedGpu where the kernels cannot run. Queries the device
+/// once.
 /// @param shape M, N, K
 StreamKPlan gemm_bf16_hopper_stream_k_plan(GemmShape shape);
-
-/// Measured alternatives to a ladder step, for the benchmark's tuning rows (KC_TUNE=1) and tests.
-enum class HopperTuning {
-  step6_three_stages,   ///< step 6 with 3 stages and the whole C tile staged at once (1 store round)
-  step6_small_tile,     ///< step 6 on a 128 × 128 tile (6 stages, the whole tile staged)
-  step6_prefetch_maps,  ///< step 6 with prefetch.tensormap of its maps at kernel start
-  /// A measurement, not a GEMM: `after` without its epilogue. C is never written; the time is what
-  /// the loads and the math alone take, the floor for any way of hiding the epilogue.
-  step6_mainloop_only,
-  /// Measurements, not GEMMs: `after`'s loads and pipeline alone, no wgmma, C never written; on
-  /// step 6's 128 × 256 tile and on the 128 × 128 tile.
-  step6_loads_only,
-  step6_small_loads_only,  ///< see step6_loads_only
-  step6_box_ring,          ///< `after` staging C one 64 × 64 box at a time through two box buffers
-  /// `after` staging the whole tile at once: half in the staging buffer, half in the W tile of the
-  /// tile's last pipeline stage, held from the refill until TMA has read it (released at the next
-  /// tile's first slice; step6_held_stage_late: its second).
-  step6_held_stage,
-  step6_held_stage_late,  ///< see step6_held_stage
-  /// A measurement, not a GEMM: `after` with its epilogue's staging, fences and barriers but no
-  /// stores, so C is never written.
-  step6_stage_only,
-};
-
-/// The benchmark variant name of @p tuning: "tune_step6_three_stages", "tune_step6_small_tile",
-/// "tune_step6_prefetch_maps", "tune_step6_mainloop_only", "tune_step6_loads_only",
-/// "tune_step6_small_loads_only", "tune_step6_box_ring", "tune_step6_held_stage",
-/// "tune_step6_held_stage_late", "tune_step6_stage_only".
-const char* to_string(HopperTuning tuning);
-
-/// C = A · Wᵀ with tuning alternative @p tuning (same rules as its step); the measurements
-/// (step6_mainloop_only, step6_loads_only, step6_small_loads_only, step6_stage_only) check the same rules and run the
-/// same loads (and math), but write nothing to @p c.
-/// @param tuning the alternative
-/// @param a [M, K] row-major, 16-byte aligned
-/// @param w [N, K] row-major, 16-byte aligned
-/// @param c [M, N] row-major output, 2-byte aligned
-/// @param shape M, N, K (K a multiple of 8)
-/// @param stream the stream to enqueue on
-void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
-                             GemmShape shape, cudaStream_t stream = nullptr);
 
 /// C = A · Wᵀ with the kernel of ladder step @p step (tests, benchmark, exercises). Same rules.
 /// @param step the ladder step

@@ -8,6 +8,7 @@
 #include "hopper_tiles.hpp"
 #include "kc/check.hpp"
 #include "kc/device_info.hpp"
+#include "kc/validate.hpp"
 
 namespace kc::ch07 {
 
@@ -26,12 +27,6 @@ TileConfig tile_config(HopperStep step) {
 }
 
 std::int64_t ceil_div(std::int64_t x, std::int64_t y) { return (x + y - 1) / y; }
-
-bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t y_bytes) {
-  const auto xs = reinterpret_cast<std::uintptr_t>(x);
-  const auto ys = reinterpret_cast<std::uintptr_t>(y);
-  return x_bytes > 0 && y_bytes > 0 && xs < ys + y_bytes && ys < xs + x_bytes;
-}
 
 // What the launch path needs to know about the current device, queried once per device.
 struct DeviceFacts {
@@ -108,13 +103,13 @@ void validate_gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, c
   if (a == nullptr) throw InvalidArgument("a must not be null");
   if (w == nullptr) throw InvalidArgument("w must not be null");
   if (c == nullptr) throw InvalidArgument("c must not be null");
-  if (reinterpret_cast<std::uintptr_t>(a) % 16 != 0) {
+  if (!kc::aligned_to(a, 16)) {
     throw InvalidArgument("a must be 16-byte aligned (TMA reads from a 16-byte-aligned base)");
   }
-  if (reinterpret_cast<std::uintptr_t>(w) % 16 != 0) {
+  if (!kc::aligned_to(w, 16)) {
     throw InvalidArgument("w must be 16-byte aligned (TMA reads from a 16-byte-aligned base)");
   }
-  if (reinterpret_cast<std::uintptr_t>(c) % alignof(__nv_bfloat16) != 0) {
+  if (!kc::aligned_to(c, alignof(__nv_bfloat16))) {
     throw InvalidArgument("c must be 2-byte aligned (the alignment of bf16)");
   }
   const std::int64_t tiles = ceil_div(shape.m, tile.block_m) * ceil_div(shape.n, tile.block_n);
@@ -126,13 +121,13 @@ void validate_gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, c
   const auto bytes = [](std::int64_t rows, std::int64_t cols) {
     return static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(cols) * sizeof(__nv_bfloat16);
   };
-  if (overlaps(c, bytes(shape.m, shape.n), a, bytes(shape.m, shape.k))) throw InvalidArgument("c must not overlap a");
-  if (overlaps(c, bytes(shape.m, shape.n), w, bytes(shape.n, shape.k))) throw InvalidArgument("c must not overlap w");
+  if (kc::overlaps(c, bytes(shape.m, shape.n), a, bytes(shape.m, shape.k)))
+    throw InvalidArgument("c must not overlap a");
+  if (kc::overlaps(c, bytes(shape.m, shape.n), w, bytes(shape.n, shape.k)))
+    throw InvalidArgument("c must not overlap w");
 }
 
-bool c_tma_storable(const __nv_bfloat16* c, GemmShape shape) {
-  return reinterpret_cast<std::uintptr_t>(c) % 16 == 0 && shape.n % 8 == 0;
-}
+bool c_tma_storable(const __nv_bfloat16* c, GemmShape shape) { return kc::aligned_to(c, 16) && shape.n % 8 == 0; }
 
 TensorMapSpec c_store_map(const __nv_bfloat16* c, GemmShape shape) {
   return bf16_row_major_map(c, shape.m, shape.n, kStoreBoxRows);
@@ -151,27 +146,6 @@ void validate_maps(const OperandMaps& maps) {
   validate_tensor_map(maps.w, "w");
 }
 
-// The tile of @p step; for step 6, the tile of its variant @p kernel.
-TileConfig tile_of(HopperStep step, detail::Step6Kernel kernel) {
-  if (step != HopperStep::tma_store) return tile_config(step);
-  switch (kernel) {
-    case detail::Step6Kernel::three_stages: return kStep6ThreeStageTile;
-    case detail::Step6Kernel::small_tile:
-    case detail::Step6Kernel::small_loads_only: return kStep6SmallTile;
-    case detail::Step6Kernel::own:
-    case detail::Step6Kernel::prefetch_maps:
-    case detail::Step6Kernel::dependent_launch:
-    case detail::Step6Kernel::mainloop_only:
-    case detail::Step6Kernel::loads_only:
-    case detail::Step6Kernel::box_ring:
-    case detail::Step6Kernel::held_stage:
-    case detail::Step6Kernel::held_stage_late:
-    case detail::Step6Kernel::stage_only:
-    case detail::Step6Kernel::stream_k: break;
-  }
-  return kStep6Tile;
-}
-
 }  // namespace
 
 OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmShape shape, HopperStep step) {
@@ -180,15 +154,15 @@ OperandMaps operand_maps(const __nv_bfloat16* a, const __nv_bfloat16* w, GemmSha
 
 namespace {
 
-// The launch path of every step, of step 6's measured alternatives and of `after` (@p kernel picks
-// step 6's variant; the other steps have one).
+// The launch path of every step and of `after` (@p kernel picks step 6's variant; the other steps
+// have one).
 void launch_gemm(HopperStep step, detail::Step6Kernel kernel, const __nv_bfloat16* a, const __nv_bfloat16* w,
                  __nv_bfloat16* c, GemmShape shape, cudaStream_t stream, void* workspace = nullptr,
                  std::size_t workspace_bytes = 0) {
   // 1. Everything the host can check, before any CUDA call: the shape and pointer rules, and the maps
   // of the tile this launch runs on.
   validate_gemm_bf16_hopper(a, w, c, shape, step);
-  validate_maps(maps_for_tile(a, w, shape, tile_of(step, kernel)));
+  validate_maps(maps_for_tile(a, w, shape, tile_config(step)));
   // 2. Can this build and this GPU run sm_90a code at all?
   if (!detail::kernels_built()) {
     throw UnsupportedGpu(
@@ -200,7 +174,7 @@ void launch_gemm(HopperStep step, detail::Step6Kernel kernel, const __nv_bfloat1
   if (kernel == detail::Step6Kernel::stream_k) {
     validate_hopper_workspace(a, w, c, shape, workspace, workspace_bytes, hopper_workspace_bytes(device.sms));
   }
-  const TileConfig tile = tile_of(step, kernel);
+  const TileConfig tile = tile_config(step);
   if (tile.smem_bytes() > device.smem_per_block_optin) {
     throw UnsupportedGpu(std::string(to_string(step)) + " needs " + std::to_string(tile.smem_bytes()) +
                          " bytes of shared memory per block; this GPU allows " +
@@ -217,7 +191,7 @@ void launch_gemm(HopperStep step, detail::Step6Kernel kernel, const __nv_bfloat1
                      static_cast<int>(shape.k),
                      static_cast<int>(ceil_div(shape.m, tile.block_m)),
                      static_cast<int>(ceil_div(shape.n, tile.block_n)),
-                     n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0,
+                     n % 2 == 0 && kc::aligned_to(c, 4),
                      tile.c_staging && c_tma_storable(c, shape)};
   const auto tiles = static_cast<int>(static_cast<std::int64_t>(out.tiles_m) * out.tiles_n);
   // Step 6's C map, only when its stores can use it (otherwise the kernel stores from registers).
@@ -241,42 +215,6 @@ void gemm_bf16_hopper_step(HopperStep step, const __nv_bfloat16* a, const __nv_b
   launch_gemm(step, detail::Step6Kernel::own, a, w, c, shape, stream);
 }
 
-const char* to_string(HopperTuning tuning) {
-  switch (tuning) {
-    case HopperTuning::step6_three_stages: return "tune_step6_three_stages";
-    case HopperTuning::step6_small_tile: return "tune_step6_small_tile";
-    case HopperTuning::step6_prefetch_maps: return "tune_step6_prefetch_maps";
-    case HopperTuning::step6_mainloop_only: return "tune_step6_mainloop_only";
-    case HopperTuning::step6_loads_only: return "tune_step6_loads_only";
-    case HopperTuning::step6_small_loads_only: return "tune_step6_small_loads_only";
-    case HopperTuning::step6_box_ring: return "tune_step6_box_ring";
-    case HopperTuning::step6_held_stage: return "tune_step6_held_stage";
-    case HopperTuning::step6_held_stage_late: return "tune_step6_held_stage_late";
-    case HopperTuning::step6_stage_only: return "tune_step6_stage_only";
-  }
-  return "unknown";
-}
-
-void gemm_bf16_hopper_tuning(HopperTuning tuning, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
-                             GemmShape shape, cudaStream_t stream) {
-  const auto run = [&](detail::Step6Kernel kernel) {
-    launch_gemm(HopperStep::tma_store, kernel, a, w, c, shape, stream);
-  };
-  switch (tuning) {
-    case HopperTuning::step6_three_stages: return run(detail::Step6Kernel::three_stages);
-    case HopperTuning::step6_small_tile: return run(detail::Step6Kernel::small_tile);
-    case HopperTuning::step6_prefetch_maps: return run(detail::Step6Kernel::prefetch_maps);
-    case HopperTuning::step6_mainloop_only: return run(detail::Step6Kernel::mainloop_only);
-    case HopperTuning::step6_loads_only: return run(detail::Step6Kernel::loads_only);
-    case HopperTuning::step6_small_loads_only: return run(detail::Step6Kernel::small_loads_only);
-    case HopperTuning::step6_box_ring: return run(detail::Step6Kernel::box_ring);
-    case HopperTuning::step6_held_stage: return run(detail::Step6Kernel::held_stage);
-    case HopperTuning::step6_held_stage_late: return run(detail::Step6Kernel::held_stage_late);
-    case HopperTuning::step6_stage_only: return run(detail::Step6Kernel::stage_only);
-  }
-  throw InvalidArgument("tuning (" + std::to_string(static_cast<int>(tuning)) + ") is not a HopperTuning");
-}
-
 void gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                       cudaStream_t stream) {
   launch_gemm(kAfterStep, detail::Step6Kernel::dependent_launch, a, w, c, shape, stream);
@@ -298,7 +236,7 @@ std::size_t gemm_bf16_hopper_workspace_bytes() { return hopper_workspace_bytes(c
 void validate_hopper_workspace(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape,
                                const void* workspace, std::size_t workspace_bytes, std::size_t required_bytes) {
   if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
-  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
+  if (!kc::aligned_to(workspace, 16)) {
     throw InvalidArgument("workspace must be 16-byte aligned (its partial tiles are read as float4)");
   }
   if (workspace_bytes < required_bytes) {
@@ -308,9 +246,9 @@ void validate_hopper_workspace(const __nv_bfloat16* a, const __nv_bfloat16* w, c
   const auto bytes_of = [](std::int64_t rows, std::int64_t cols) {
     return static_cast<std::uint64_t>(rows * cols) * 2;
   };
-  if (overlaps(workspace, workspace_bytes, a, bytes_of(shape.m, shape.k)) ||
-      overlaps(workspace, workspace_bytes, w, bytes_of(shape.n, shape.k)) ||
-      overlaps(workspace, workspace_bytes, c, bytes_of(shape.m, shape.n))) {
+  if (kc::overlaps(workspace, workspace_bytes, a, bytes_of(shape.m, shape.k)) ||
+      kc::overlaps(workspace, workspace_bytes, w, bytes_of(shape.n, shape.k)) ||
+      kc::overlaps(workspace, workspace_bytes, c, bytes_of(shape.m, shape.n))) {
     throw InvalidArgument("workspace must not overlap a, w or c");
   }
 }

@@ -74,20 +74,10 @@ void launch_step4(const CUtensorMap& a_map, const CUtensorMap& w_map, const Outp
 /// cluster tile.
 void launch_step5(const CUtensorMap& a_map, const CUtensorMap& w_map, const Output& out, int tiles,
                   cudaStream_t stream);
-/// Which kernel step 6 launches: its own, or one of its measured alternatives (HopperTuning).
+/// Which kernel step 6 launches.
 enum class Step6Kernel {
-  own,               ///< kStep6Tile: 4 stages, half the tile staged at a time
-  three_stages,      ///< kStep6ThreeStageTile: 3 stages, the whole tile staged
-  small_tile,        ///< kStep6SmallTile: 128 × 128, 6 stages
-  prefetch_maps,     ///< step 6 with its tensor maps prefetched at kernel start
+  own,               ///< step 6 itself: 4 stages, half the tile staged at a time
   dependent_launch,  ///< step 6 launched as a programmatic dependent of the previous kernel (`after`)
-  mainloop_only,     ///< `after` without its epilogue: a measurement, C is not written
-  loads_only,        ///< `after`'s loads alone: a measurement, no wgmma, C is not written
-  small_loads_only,  ///< the same on the 128 × 128 tile
-  box_ring,          ///< `after` staging C one box at a time through two box buffers
-  held_stage,        ///< `after` staging the whole tile, half of it in the held last pipeline stage
-  held_stage_late,   ///< the same, the held stage released one slice later
-  stage_only,        ///< `after`'s epilogue without its stores: a measurement, C is not written
   stream_k,          ///< `after` with Stream-K on the last round (needs out.workspace)
 };
 

@@ -2,7 +2,7 @@
 /// @brief The handful of Hopper instructions the chapter's kernels use, one small wrapper each, in the
 /// order a kernel meets them: mbarriers, TMA copies, wgmma, setmaxnreg; then the epilogue that stores
 /// the accumulators. Each wrapper is the PTX instruction and nothing else; the comments say what it
-/// guarantees. PTX ISA 9.0 section numbers are in HOPPER_NOTES.md.
+/// guarantees (the PTX ISA manual, version 9.0, is the reference for each instruction).
 #pragma once
 
 #include <cuda.h>
@@ -98,12 +98,6 @@ __device__ __forceinline__ void flag_acquire_wait(const std::int32_t* flag) {
 
 // ----------------------------------------------------------------------------------------------- TMA
 
-/// Brings the tensor map @p map (a __grid_constant__ kernel parameter) into the TMA unit's descriptor
-/// cache ahead of its first use, so the first load does not also wait for the map's 128 bytes.
-__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
-}
-
 // --------------------------------------------------------------------- programmatic dependent launch
 
 /// Waits until the grids this one depends on (the previous kernel in the stream, when this one was
@@ -167,19 +161,6 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* bar, int 
       "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
       "}\n" ::"r"(smem_address(bar)),
       "r"(cta_rank)
-      : "memory");
-}
-
-/// mbarrier_arrive_cluster for @p count arrivals at once: one thread arriving for a whole warpgroup's
-/// warps (the held stage of step 6's held-stage alternative, released by its store leader).
-__device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* bar, int cta_rank, int count) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote], %2;\n"
-      "}\n" ::"r"(smem_address(bar)),
-      "r"(cta_rank), "r"(count)
       : "memory");
 }
 

@@ -11,12 +11,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "schedule.hpp"  // Chapter 6: the Stream-K plan
+#include "tile_map.hpp"  // Chapter 5: the grouped tile order
+
 namespace kc::ch07 {
 
 /// Shared memory an sm_90 block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 KiB).
 inline constexpr std::size_t kSm90SmemPerBlock = 232448;
 /// 128-byte swizzle repeats every 8 rows of 128 bytes: each tile buffer starts on a 1024-byte boundary,
-/// so the swizzle phase TMA writes is the one wgmma reads (HOPPER_NOTES.md section 1). Dynamic
+/// so the swizzle phase TMA writes is the one wgmma reads. Dynamic
 /// shared memory is only guaranteed 16-byte aligned, so every kernel asks for this much extra and
 /// rounds its base up.
 inline constexpr int kSwizzleAtomBytes = 1024;
@@ -87,29 +90,11 @@ inline constexpr TileConfig kStep5Tile{128, 256, 2, 1, kStep3Tile.stages, 2};
 /// buffer gets the 32 KiB left: half of the 128 × 256 bf16 tile, stored in two rounds per tile (the
 /// second waits until TMA has read the first).
 inline constexpr TileConfig kStep6Tile{128, 256, 2, 1, 4, 2, true, 2};
-/// Step 6's measured alternative (HopperTuning::step6_three_stages): the whole tile staged at once,
-/// paid for with a stage (3 stages of 48 KiB + 64 KiB fit in 227 KiB, 4 would not).
-inline constexpr TileConfig kStep6ThreeStageTile{128, 256, 2, 1, 3, 2, true, 1};
-
-/// Step 6's small-problem alternative (HopperTuning::step6_small_tile): step 6 on a 128 × 128 tile.
-/// When step 6's 128 × 256 tiles give every cluster at most one tile (2048³), each CTA fills its
-/// pipeline, multiplies, and then waits for its whole 64 KiB of C to be written, with nothing to
-/// overlap either with. Half-width tiles give twice as many: most clusters take two, and the second
-/// tile's loads and math hide the first one's store. A stage is 32 KiB, so the whole tile's staging
-/// (32 KiB) and 6 stages fit. Measured: a tie with step 6 at 2048³, slower above (docs/notes/ch07.md).
-inline constexpr TileConfig kStep6SmallTile{128, 128, 2, 1, 6, 2, true, 1};
-
 static_assert(kStep2Tile.stages == 7 && kStep3Tile.stages == 4, "the lesson's stage counts");
 static_assert(kStep1Tile.smem_bytes() <= kSm90SmemPerBlock && kStep2Tile.smem_bytes() <= kSm90SmemPerBlock &&
                   kStep3Tile.smem_bytes() <= kSm90SmemPerBlock && kStep5Tile.smem_bytes() <= kSm90SmemPerBlock &&
-                  kStep6Tile.smem_bytes() <= kSm90SmemPerBlock &&
-                  kStep6ThreeStageTile.smem_bytes() <= kSm90SmemPerBlock &&
-                  kStep6SmallTile.smem_bytes() <= kSm90SmemPerBlock,
+                  kStep6Tile.smem_bytes() <= kSm90SmemPerBlock,
               "every step fits an sm_90 block");
-static_assert(TileConfig{128, 128, 2, 1, 7, 2, true, 1}.smem_bytes() > kSm90SmemPerBlock &&
-                  kStep6SmallTile.w_box_bytes() % kSwizzleAtomBytes == 0,
-              "6 stages are all that fit next to the small tile's staging; its 64-row W slices keep every "
-              "buffer 1024-byte aligned");
 static_assert(TileConfig{128, 256, 2, 1, 4, 2, true}.smem_bytes() > kSm90SmemPerBlock,
               "a whole-tile C staging buffer leaves room for 3 stages only (step 6 stages half a tile)");
 static_assert(kStep1Tile.a_box_bytes() % kSwizzleAtomBytes == 0 && kStep1Tile.w_box_bytes() % kSwizzleAtomBytes == 0 &&
@@ -168,32 +153,18 @@ __host__ __device__ constexpr TileOrigin tile_origin(int block, int tiles_n, int
 /// about 132 / 16 · 256 rows of W), which minimises the distinct A and W bytes they read.
 inline constexpr int kGroupM = 16;
 
-/// One tile of C, as (m-tile, n-tile) indices.
-struct TileCoord {
-  int m_tile;  ///< rows m_tile · block_m ... of C
-  int n_tile;  ///< columns n_tile · block_n ... of C
-};
+/// One tile of C, as (m-tile, n-tile) indices: Chapter 5's.
+using ch05::TileCoord;
 
-/// The @p tile-th tile (0 <= tile < tiles_m · tiles_n) in the grouped order: the m-tiles are cut into
-/// bands of @p group_m (the last band may be shorter); within a band, ids walk down one column of
-/// tiles, then the next column. Blocks that run at the same time then share a few rows of A tiles and
-/// a few columns of W tiles instead of one row of A and every column of W:
-///
-///        row-major (steps 1-3)      grouped, group_m = 2
-///         0  1  2  3                 0  2  4  6
-///         4  5  6  7                 1  3  5  7
-///         8  9 10 11                 8  9 10 11      (the last band is 1 m-tile high)
-///
-/// A bijection on [0, tiles_m · tiles_n) for any tiles_m, tiles_n, group_m >= 1 (tested on the CPU).
-__host__ __device__ constexpr TileCoord grouped_tile_order(int tile, int tiles_m, int tiles_n, int group_m) {
-  // 64-bit: group_m · tiles_n may exceed int when the caller's group_m is large.
-  const std::int64_t band_tiles = static_cast<std::int64_t>(group_m) * tiles_n;
-  const int band = static_cast<int>(tile / band_tiles);
-  const int within = static_cast<int>(tile - band * band_tiles);
-  const int first_m = band * group_m;
-  const int rows = tiles_m - first_m < group_m ? tiles_m - first_m : group_m;
-  return {first_m + within % rows, within / rows};
-}
+// The order itself is Chapter 5's grouped order (ch05::grouped_tile): the m-tiles are cut into bands
+// of group_m; within a band, ids walk down one column of tiles, then the next column. Blocks that run
+// at the same time then share a few rows of A tiles and a few columns of W tiles instead of one row
+// of A and every column of W:
+//
+//        row-major (steps 1-3)      grouped, group_m = 2
+//         0  1  2  3                 0  2  4  6
+//         4  5  6  7                 1  3  5  7
+//         8  9 10 11                 8  9 10 11      (the last band is 1 m-tile high)
 
 /// The tile CTA @p rank of a cluster of @p cluster_m CTAs (stacked along M) computes when its cluster
 /// takes cluster tile @p cluster_tile: cluster tiles are cluster_m m-tiles high and walk the grouped
@@ -203,15 +174,15 @@ __host__ __device__ constexpr TileCoord grouped_tile_order(int tile, int tiles_m
 /// multicasts into it and waits for its releases) but loads no A, multiplies nothing, stores nothing.
 __host__ __device__ constexpr TileCoord cluster_member_tile(int cluster_tile, int rank, int tiles_m, int tiles_n,
                                                             int group_m, int cluster_m) {
-  const int cluster_rows = tiles_m / cluster_m + (tiles_m % cluster_m != 0 ? 1 : 0);
+  const int cluster_rows = ch05::ceil_div_int(tiles_m, cluster_m);
   const int cluster_group = group_m / cluster_m > 0 ? group_m / cluster_m : 1;
-  const TileCoord c = grouped_tile_order(cluster_tile, cluster_rows, tiles_n, cluster_group);
+  const TileCoord c = ch05::grouped_tile(cluster_tile, cluster_rows, tiles_n, cluster_group);
   return {c.m_tile * cluster_m + rank, c.n_tile};
 }
 
 /// Cluster tiles of a launch: ceil(tiles_m / cluster_m) · tiles_n.
 __host__ __device__ constexpr std::int64_t cluster_tile_count(int tiles_m, int tiles_n, int cluster_m) {
-  return static_cast<std::int64_t>(tiles_m / cluster_m + (tiles_m % cluster_m != 0 ? 1 : 0)) * tiles_n;
+  return static_cast<std::int64_t>(ch05::ceil_div_int(tiles_m, cluster_m)) * tiles_n;
 }
 
 /// Blocks of a persistent launch: one per SM (@p sms), or one per tile when there are fewer tiles.
@@ -249,90 +220,51 @@ __host__ __device__ constexpr int cluster_stage_bytes(TileConfig t, bool has_row
 }
 
 // ------------------------------------------------------------------------------------------------
-// Stream-K on the last round (Chapter 6's idea, on Hopper). A persistent grid of C clusters takes T
-// cluster tiles round-robin: ceil(T / C) rounds, and when T % C = R is not 0 the last round keeps
-// only R clusters busy. Stream-K keeps the first T - R tiles whole (the full rounds) and shares the
-// R last tiles' slices out evenly: each cluster takes ceil(R · k_tiles / C) slices at most instead
-// of a whole tile's k_tiles. A tile split between clusters is summed in fp32: every piece but the
-// one holding its last slice stores its accumulators as a partial tile, and the cluster holding the
-// last slice (the tile's owner) adds them to its own and writes C.
-//
-// Each cluster takes its share in decreasing tile order. With R < C a share spans at most two tiles:
-// the head of tile j + 1 (stored as a partial at once) and then the tail of tile j, which the
-// cluster owns. So an owner comes to its tile last, after the clusters before it stored their
-// pieces of that tile first: it rarely waits, and each cluster stores at most one partial.
+// Stream-K on the last round: Chapter 6's plan (schedule.hpp), with clusters where Chapter 6 has
+// blocks. A persistent grid of C clusters takes T cluster tiles round-robin: ceil(T / C) rounds, and
+// when T % C = R is not 0 the last round keeps only R clusters busy. The plan keeps the first T - R
+// tiles whole (ch06 dp_tiles) and shares the R last tiles' slices out evenly over every cluster
+// (ch06 sk_tiles, sk_blocks = C): each takes ceil(R · k_tiles / C) slices at most instead of a whole
+// tile's k_tiles. Each cluster takes its share in decreasing tile order, so a share spans at most two
+// tiles: the head of tile j + 1 (stored at once as an fp32 partial) and then the tail of tile j, which
+// the cluster owns and finishes after adding the partials of the clusters before it.
 
-/// The split of a persistent cluster launch into whole tiles and Stream-K tiles.
-struct StreamKPlan {
-  int whole_tiles = 0;  ///< cluster tiles [0, whole_tiles) are taken whole, round-robin
-  int split_tiles = 0;  ///< cluster tiles [whole_tiles, whole_tiles + split_tiles) are shared out by slice
-  int clusters = 1;     ///< clusters of the launch
-  int k_tiles = 1;      ///< slices of one tile
-
-  /// All slices of the split tiles, tile after tile.
-  __host__ __device__ constexpr std::int64_t split_slices() const {
-    return static_cast<std::int64_t>(split_tiles) * k_tiles;
-  }
-  /// The first of the split slices cluster @p c takes (@p c = clusters gives the end): an even share.
-  __host__ __device__ constexpr std::int64_t share_begin(int c) const { return split_slices() * c / clusters; }
-  /// The cluster whose share holds split slice @p slice: the largest c with share_begin(c) <= slice.
-  __host__ __device__ constexpr int cluster_of_slice(std::int64_t slice) const {
-    return static_cast<int>(((slice + 1) * clusters + split_slices() - 1) / split_slices() - 1);
-  }
-};
+/// The split of a persistent cluster launch: Chapter 6's plan, with grid = clusters.
+using ch06::StreamKPlan;
 
 /// Slices a split must save on the busiest cluster (against a whole tile) to be worth its partial
-/// tiles. Measured (docs/notes/ch07.md, Session 10): saving 8 slices (4096³) lost 3 %, 13 slices
-/// (4096² × 7168 and 8192 × 7168 × 2048) came out level, 26 (6144³) and 62 (8192³) won. Below this
-/// the partial store, the owner's reads and the pipeline restarts cost about what the split saves
-/// (and the busy SMs of a nearly full last round clock higher while the others idle).
+/// tiles. Measured on the H200: saving 8 slices (4096³) lost 3 %, 13 slices came out level, 26 (6144³)
+/// and 62 (8192³) won. Below this the partial store, the owner's reads and the pipeline restarts cost
+/// about what the split saves.
 inline constexpr int kStreamKMinSavedSlices = 16;
 
-/// The plan for @p cluster_tiles cluster tiles of @p k_tiles slices on @p clusters clusters: Stream-K
-/// on the last round when there are more tiles than clusters, the last round is not full, and the
-/// busiest cluster's share is at least kStreamKMinSavedSlices slices less than a tile, and every
-/// cluster's share holds at least one slice (so every cluster from a split tile's first to its owner
-/// stored a piece of it); otherwise every tile whole (split_tiles = 0).
+/// The plan for @p cluster_tiles cluster tiles of @p k_tiles slices on @p clusters clusters:
+/// Chapter 6's Stream-K plan over the last round when there are more tiles than clusters, the last
+/// round is not full, every cluster's share holds at least one slice (so every cluster from a split
+/// tile's first to its owner stored a piece of it), and the busiest share is at least
+/// kStreamKMinSavedSlices slices less than a tile; otherwise every tile whole (sk_tiles = 0).
 __host__ __device__ constexpr StreamKPlan stream_k_plan(std::int64_t cluster_tiles, int clusters, int k_tiles) {
-  StreamKPlan plan{static_cast<int>(cluster_tiles), 0, clusters, k_tiles};
-  const auto remainder = static_cast<int>(cluster_tiles % clusters);
-  if (cluster_tiles <= clusters || remainder == 0) return plan;
-  const std::int64_t largest_share = (static_cast<std::int64_t>(remainder) * k_tiles + clusters - 1) / clusters;
-  if (k_tiles - largest_share < kStreamKMinSavedSlices) return plan;
-  if (static_cast<std::int64_t>(remainder) * k_tiles < clusters) return plan;  // some share would be empty
-  plan.whole_tiles = static_cast<int>(cluster_tiles) - remainder;
-  plan.split_tiles = remainder;
-  return plan;
+  const auto tiles = static_cast<int>(cluster_tiles);
+  // A tail limit of 0 % splits nothing: every tile whole.
+  const StreamKPlan whole = ch06::stream_k_plan(tiles, k_tiles, clusters, 0);
+  if (cluster_tiles <= clusters) return whole;
+  // A tail limit of 100 % splits any short last round.
+  const StreamKPlan split = ch06::stream_k_plan(tiles, k_tiles, clusters, 100);
+  if (split.sk_tiles == 0 || split.sk_iters < clusters) return whole;
+  const std::int64_t largest_share = (split.sk_iters + clusters - 1) / clusters;
+  return k_tiles - largest_share >= kStreamKMinSavedSlices ? split : whole;
 }
 
-/// One piece of a split tile: slices [k_begin, k_end) of split tile `tile` (0-based among the split
-/// tiles). It is the tile's owner's piece when k_end is the tile's last slice + 1.
-struct StreamKPiece {
-  int tile = 0;     ///< the split tile (cluster tile whole_tiles + tile)
-  int k_begin = 0;  ///< first slice
-  int k_end = 0;    ///< one past the last slice (k_begin = k_end: no piece)
-};
-
-/// The pieces of cluster @p cluster's share, in the order it takes them (decreasing tile): piece
-/// @p index (0 or 1), or an empty piece when the share has fewer. A share of at most a tile's slices
-/// (the plan's R < C guarantees it) has at most two.
-__host__ __device__ constexpr StreamKPiece stream_k_piece(const StreamKPlan& plan, int cluster, int index) {
-  const std::int64_t begin = plan.share_begin(cluster), end = plan.share_begin(cluster + 1);
-  if (begin == end) return {};
-  const auto k = static_cast<std::int64_t>(plan.k_tiles);
-  const auto last_tile = static_cast<int>((end - 1) / k), first_tile = static_cast<int>(begin / k);
-  const int tile = last_tile - index;
-  if (tile < first_tile) return {};
-  const std::int64_t tile_begin = tile * k;
-  const std::int64_t from = begin > tile_begin ? begin : tile_begin;
-  const std::int64_t to = end < tile_begin + k ? end : tile_begin + k;
-  return {tile, static_cast<int>(from - tile_begin), static_cast<int>(to - tile_begin)};
-}
-
-/// The first cluster holding a slice of split tile @p tile; its owner is cluster_of_slice of its last
-/// slice. The clusters from the first up to the owner, those with a non-empty share, hold its pieces.
-__host__ __device__ constexpr int stream_k_first_cluster(const StreamKPlan& plan, int tile) {
-  return plan.cluster_of_slice(static_cast<std::int64_t>(tile) * plan.k_tiles);
+/// The @p index-th (0 or 1) Stream-K piece of cluster @p cluster (Chapter 6's units after its whole
+/// tiles, in decreasing tile order), with its tile counted among the split tiles (0 .. sk_tiles - 1);
+/// an empty piece (k_begin = k_end) when the share has fewer. The piece holding a tile's last slice is
+/// the owner's.
+__host__ __device__ constexpr ch06::WorkUnit stream_k_piece(const StreamKPlan& plan, int cluster, int index) {
+  const int whole = ch06::static_tile_count(plan.dp_tiles, plan.grid, cluster);
+  if (whole + index >= ch06::units_of_block(plan, cluster)) return {};
+  ch06::WorkUnit piece = ch06::unit_of_block(plan, cluster, whole + index);
+  piece.tile -= plan.dp_tiles;
+  return piece;
 }
 
 /// Where a pipeline is: the stage the next slice uses and the parity of that stage's current round.

@@ -30,7 +30,11 @@ __global__ void __launch_bounds__(kTile.threads())
   auto* w_tile = reinterpret_cast<__nv_bfloat16*>(smem + kTile.a_box_bytes());  // [128 rows][64 k], swizzled
   auto* full = reinterpret_cast<std::uint64_t*>(smem + kTile.stage_bytes());
 
+  // exercise 1: The tile of C this block computes: blocks are numbered row by row over tiles of
+  // exercise 1: kTile.block_m × kTile.block_n, out.tiles_n to a row (tile_origin in hopper_tiles.hpp).
+  // stub: const TileOrigin tile{0, 0};
   const TileOrigin tile = tile_origin(static_cast<int>(blockIdx.x), out.tiles_n, kTile.block_m, kTile.block_n);
+  // end exercise 1
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(full, 1);  // one arrival (thread 0's expect_tx) plus the bytes
     ptx::fence_mbarrier_init();
@@ -41,13 +45,28 @@ __global__ void __launch_bounds__(kTile.threads())
   const std::uint64_t a_desc = ptx::descriptor_of(a_tile), w_desc = ptx::descriptor_of(w_tile);
   const int k_tiles = (out.k + kBlockK - 1) / kBlockK;
   for (int kt = 0; kt < k_tiles; ++kt) {
+    // exercise 2: Thread 0 only: tell the barrier how many bytes this stage receives (the whole
+    // exercise 2: boxes, zero-filled parts included), then ask TMA for A's box at (k, row) =
+    // exercise 2: (kt · kBlockK, tile.m0) and W's at (kt · kBlockK, tile.n0). Do TODOs 2 and 3
+    // exercise 2: together: a wait for bytes nobody asked for never returns.
+    // stub: (void)a_map;
+    // stub: (void)w_map;
     if (threadIdx.x == 0) {
       ptx::mbarrier_arrive_expect_tx(full, kTile.stage_bytes());
       ptx::tma_load_2d(a_tile, &a_map, full, kt * kBlockK, tile.m0);
       ptx::tma_load_2d(w_tile, &w_map, full, kt * kBlockK, tile.n0);
     }
+    // end exercise 2
+    // exercise 3: Every thread waits until the stage's bytes have landed. The single buffer's
+    // exercise 3: barrier completes once per trip round the loop: which phase parity is trip kt?
     ptx::mbarrier_wait(full, kt & 1);  // round kt of the single buffer is phase kt
+    // end exercise 3
 
+    // exercise 4: Fence, then one wgmma_m64n128k16 per 16 of the stage's 64 K, then commit. A
+    // exercise 4: descriptor counts in 16-byte units, and the next k16 slice of a 128-byte row starts
+    // exercise 4: 32 bytes further.
+    // stub: (void)a_desc;
+    // stub: (void)w_desc;
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
@@ -55,6 +74,7 @@ __global__ void __launch_bounds__(kTile.threads())
       ptx::wgmma_m64n128k16(acc, a_desc + 2 * kk, w_desc + 2 * kk);
     }
     ptx::wgmma_commit_group();
+    // end exercise 4
     ptx::wgmma_wait_group<0>();
     // Every warp's wgmma has finished reading the tiles before thread 0 lets TMA overwrite them.
     __syncthreads();

@@ -10,8 +10,8 @@
 //     168); setmaxnreg then gives the producer's back (down to 40) and the consumers take them (up
 //     to 232): 128 · 40 + 256 · 232 = 64512 <= 384 · 168. ptxas honours setmaxnreg only when it knows
 //     the register count at entry; __launch_bounds__(384, 1) states it outright. When it cannot tell,
-//     it warns C7508 and drops the instruction (HOPPER_NOTES.md: seen in a small kernel with
-//     __launch_bounds__(384) alone); our build turns that warning into an error.
+//     it warns C7508 and drops the instruction (a kernel with __launch_bounds__(384) alone can hit
+//     it); our build turns that warning into an error.
 //   - Tile 128 × 256 (each consumer runs m64n256k16): each byte of A in shared memory now feeds 256
 //     columns, and each wgmma is twice as long for the same issue cost. 4 stages of 48 KiB.
 //   - One wgmma group stays in flight: a consumer waits only for the group before the one it just

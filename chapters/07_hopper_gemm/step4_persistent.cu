@@ -11,8 +11,8 @@
 //     t they release its last stage and start storing; the producer, already past the end of tile t,
 //     is filling stages with tile t + 1's first slices meanwhile. By the time the stores are issued,
 //     up to four slices of the next tile are waiting: the prologue is hidden behind the epilogue.
-//   - The order. Tiles are taken in the grouped order (hopper_tiles.hpp: grouped_tile_order, bands of
-//     16 m-tiles walked column by column), so the ~132 tiles in flight read about 16 rows of A tiles
+//   - The order. Tiles are taken in Chapter 5's grouped order (ch05::grouped_tile, bands
+//     of 16 m-tiles walked column by column), so the ~132 tiles in flight read about 16 rows of A tiles
 //     and 8 columns of W tiles, not 4 rows of A and every column of W (Chapter 5's idea): at 8192³
 //     that is ≈ 68 MB of distinct operands per wave instead of ≈ 143 MB, against a 60 MB L2.
 //   - scale-d = 0. The first wgmma of each tile ignores the accumulators' old value (the tile before's
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   // Both roles walk the same tiles in the same order. 64-bit: tile + gridDim.x must not overflow.
   auto origin_of = [&out](std::int64_t tile) {
-    const TileCoord c = grouped_tile_order(static_cast<int>(tile), out.tiles_m, out.tiles_n, kGroupM);
+    const TileCoord c = ch05::grouped_tile(static_cast<int>(tile), out.tiles_m, out.tiles_n, kGroupM);
     return TileOrigin{c.m_tile * kTile.block_m, c.n_tile * kTile.block_n};
   };
 

@@ -21,9 +21,8 @@
 //   - Half a tile at a time. The whole tile would need 64 KiB of staging (128 × 256 bf16), and with it
 //     only 3 stages of 48 KiB fit in 227 KiB. Step 6 keeps step 5's 4 stages and stages the tile in
 //     two halves of 32 KiB: each consumer stores its left 64 × 128, waits until TMA has read them,
-//     then its right half. The alternative, 3 stages and the whole tile
-//     at once, is measured beside it (HopperTuning::step6_three_stages, the KC_TUNE rows): the fourth
-//     stage was worth more (docs/notes/ch07.md).
+//     then its right half. The fourth stage is worth more than staging the whole tile at once with
+//     three (the lesson's "Tried and not kept").
 //   - The fallback. TMA needs C's rows to be a multiple of 16 bytes (N a multiple of 8) and C
 //     16-byte aligned; otherwise (out.tma_store false) the step stores from registers as step 5 does.
 //   - `after`: the same kernel launched as a programmatic dependent of the previous kernel in the
@@ -32,7 +31,7 @@
 //     waits (griddepcontrol.wait, which returns once that kernel has finished and its writes are
 //     visible); right after, it lets the next kernel do the same (griddepcontrol.launch_dependents).
 //     On a one-round problem (2048³: 64 cluster tiles for 66 clusters) that start-up is a visible
-//     share of the time; on larger ones it is not (docs/notes/ch07.md). With an ordinary kernel
+//     share of the time; on larger ones it is not. With an ordinary kernel
 //     before it, the wait returns at once and nothing differs from step 6. With a workspace,
 //     `after` also splits the last round by slices where that saves >= 16 slices (Stream-K,
 //     Step6StreamKCluster and StreamKPlan; the README's "Stream-K on the last round").
@@ -41,35 +40,14 @@
 
 namespace kc::ch07::detail {
 
-// Each variant is its own instantiation of the cluster kernel. Beside step 6's own tile: `after` (the
-// same tile as a programmatic dependent launch), the tuning rows' alternatives (three stages with
-// the whole tile staged; a 128 × 128 tile with 6 stages; prefetched tensor maps) and a measurement
-// (`after` without its epilogue, which writes no C).
+// Each variant is its own instantiation of the cluster kernel: step 6 itself, `after` (the same tile
+// as a programmatic dependent launch) and `after` with Stream-K on the last round.
 void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                   const Output& out, int /*tiles*/, cudaStream_t stream) {
   switch (kernel) {
     case Step6Kernel::own: launch_cluster_gemm<Step6Cluster>(a_map, w_map, c_map, out, stream); return;
-    case Step6Kernel::three_stages:
-      launch_cluster_gemm<Step6ThreeStageCluster>(a_map, w_map, c_map, out, stream);
-      return;
-    case Step6Kernel::small_tile: launch_cluster_gemm<Step6SmallCluster>(a_map, w_map, c_map, out, stream); return;
-    case Step6Kernel::prefetch_maps:
-      launch_cluster_gemm<Step6PrefetchMapsCluster>(a_map, w_map, c_map, out, stream);
-      return;
     case Step6Kernel::dependent_launch:
       launch_cluster_gemm<Step6DependentLaunchCluster>(a_map, w_map, c_map, out, stream);
-      return;
-    case Step6Kernel::mainloop_only:
-      launch_cluster_gemm<Step6MainloopOnlyCluster>(a_map, w_map, c_map, out, stream);
-      return;
-    case Step6Kernel::loads_only: launch_cluster_gemm<Step6LoadsOnlyCluster>(a_map, w_map, c_map, out, stream); return;
-    case Step6Kernel::small_loads_only:
-      launch_cluster_gemm<Step6SmallLoadsOnlyCluster>(a_map, w_map, c_map, out, stream);
-      return;
-    case Step6Kernel::box_ring: launch_cluster_gemm<Step6BoxRingCluster>(a_map, w_map, c_map, out, stream); return;
-    case Step6Kernel::held_stage: launch_cluster_gemm<Step6HeldStageCluster>(a_map, w_map, c_map, out, stream); return;
-    case Step6Kernel::held_stage_late:
-      launch_cluster_gemm<Step6HeldStageLateCluster>(a_map, w_map, c_map, out, stream);
       return;
     case Step6Kernel::stream_k: {
       // Where the plan splits nothing, `after` is the whole-tile kernel itself (the same code, so the
@@ -79,14 +57,13 @@ void launch_step6(Step6Kernel kernel, const CUtensorMap& a_map, const CUtensorMa
           kStep6Tile.cluster_m;
       const StreamKPlan plan = stream_k_plan(cluster_tile_count(out.tiles_m, out.tiles_n, kStep6Tile.cluster_m),
                                              clusters, (out.k + kBlockK - 1) / kBlockK);
-      if (plan.split_tiles == 0) {
+      if (plan.sk_tiles == 0) {
         launch_cluster_gemm<Step6DependentLaunchCluster>(a_map, w_map, c_map, out, stream);
       } else {
         launch_cluster_gemm<Step6StreamKCluster>(a_map, w_map, c_map, out, stream);
       }
       return;
     }
-    case Step6Kernel::stage_only: launch_cluster_gemm<Step6StageOnlyCluster>(a_map, w_map, c_map, out, stream); return;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kc/check.hpp"
+#include "kc/validate.hpp"
 
 namespace kc::ch07 {
 
@@ -31,7 +32,7 @@ void validate_tensor_map(const TensorMapSpec& spec, const std::string& name) {
     fail("element_bytes (" + std::to_string(spec.element_bytes) + ") must be 1, 2, 4 or 8");
   }
   if (spec.global_address == nullptr) fail("global_address must not be null");
-  if (reinterpret_cast<std::uintptr_t>(spec.global_address) % 16 != 0) {
+  if (!kc::aligned_to(spec.global_address, 16)) {
     fail("global_address must be 16-byte aligned (TMA)");
   }
   for (int d = 0; d < 2; ++d) {

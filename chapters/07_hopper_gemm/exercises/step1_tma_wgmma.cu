@@ -1,10 +1,9 @@
-// EXERCISE: step 1 with its main loop removed. Fill in the four TODOs; the chapter's tests
-// (ctest --preset exercises -L ch07, on an sm_90 GPU) say when it is right: the step 1 cases of
-// HopperGemmGpu, RandomShapes, OddOutputOffsetUsesElementStores and GraphCapturableAndRepeatable.
-// Hints are in README.md, Exercises. Until TODOs 1 and 2 are both done, the kernel must not wait on
-// the barrier (a wait for bytes nobody sent never returns): the skeleton as given stores zeros, and the
-// tests fail without hanging.
-//
+// EXERCISE: step1_tma_wgmma.cu with its key lines replaced by TODOs. Fill them in here.
+// Generated from ../step1_tma_wgmma.cu by tools/exercises.py (do not edit the solution's copy).
+// Build and test this file in place of the solution:
+//   cmake --preset exercises && cmake --build --preset exercises && ctest --preset exercises -L ch07
+// Until every TODO is done the chapter's tests fail; the lesson (README.md) explains the solution.
+
 // Step 1: the three Hopper pieces, and nothing else.
 //
 //   TMA      one thread asks the copy engine for a 64 × 64 box of A and a 128 × 64 box of W; the
@@ -33,13 +32,13 @@ __global__ void __launch_bounds__(kTile.threads())
                            const Output out) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = ptx::align_to_swizzle_atom(smem_raw);
-  [[maybe_unused]] auto* a_tile = reinterpret_cast<__nv_bfloat16*>(smem);  // [64 rows][64 k], swizzled
-  [[maybe_unused]] auto* w_tile =
-      reinterpret_cast<__nv_bfloat16*>(smem + kTile.a_box_bytes());  // [128 rows][64 k], swizzled
+  auto* a_tile = reinterpret_cast<__nv_bfloat16*>(smem);                        // [64 rows][64 k], swizzled
+  auto* w_tile = reinterpret_cast<__nv_bfloat16*>(smem + kTile.a_box_bytes());  // [128 rows][64 k], swizzled
   auto* full = reinterpret_cast<std::uint64_t*>(smem + kTile.stage_bytes());
 
-  [[maybe_unused]] const TileOrigin tile =
-      tile_origin(static_cast<int>(blockIdx.x), out.tiles_n, kTile.block_m, kTile.block_n);
+  // TODO 1: The tile of C this block computes: blocks are numbered row by row over tiles of
+  // kTile.block_m × kTile.block_n, out.tiles_n to a row (tile_origin in hopper_tiles.hpp).
+  const TileOrigin tile{0, 0};
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(full, 1);  // one arrival (thread 0's expect_tx) plus the bytes
     ptx::fence_mbarrier_init();
@@ -47,22 +46,26 @@ __global__ void __launch_bounds__(kTile.threads())
   __syncthreads();
 
   float acc[kTile.block_n / 2] = {};  // this thread's share of the 64 × 128 fp32 tile
-  [[maybe_unused]] const std::uint64_t a_desc = ptx::descriptor_of(a_tile), w_desc = ptx::descriptor_of(w_tile);
+  const std::uint64_t a_desc = ptx::descriptor_of(a_tile), w_desc = ptx::descriptor_of(w_tile);
   const int k_tiles = (out.k + kBlockK - 1) / kBlockK;
   for (int kt = 0; kt < k_tiles; ++kt) {
-    // TODO 1: thread 0 tells the barrier how many bytes this round brings (the whole stage, zero-filled
-    // edges included) and asks TMA for the A box at (column kt · 64, row tile.m0) into a_tile and the
-    // W box at (kt · 64, tile.n0) into w_tile, both completing on `full`.
+    // TODO 2: Thread 0 only: tell the barrier how many bytes this stage receives (the whole
+    // boxes, zero-filled parts included), then ask TMA for A's box at (k, row) =
+    // (kt · kBlockK, tile.m0) and W's at (kt · kBlockK, tile.n0). Do TODOs 2 and 3
+    // together: a wait for bytes nobody asked for never returns.
+    (void)a_map;
+    (void)w_map;
+    // TODO 3: Every thread waits until the stage's bytes have landed. The single buffer's
+    // barrier completes once per trip round the loop: which phase parity is trip kt?
 
-    // TODO 2: every thread waits until this round's bytes have landed. Which parity is round kt of
-    // a barrier that completes once per round?
-
-    // TODO 3: the warpgroup multiplies the 64 k of this stage: a fence, one wgmma m64n128k16 per
-    // k16 slice (the next slice starts 32 bytes further along each 128-byte row: what does that add
-    // to a descriptor?), a commit, and a wait until the group is done.
-
-    // TODO 4: before thread 0 lets TMA overwrite the tiles in the next round, every warp must have
-    // finished reading them.
+    // TODO 4: Fence, then one wgmma_m64n128k16 per 16 of the stage's 64 K, then commit. A
+    // descriptor counts in 16-byte units, and the next k16 slice of a 128-byte row starts
+    // 32 bytes further.
+    (void)a_desc;
+    (void)w_desc;
+    ptx::wgmma_wait_group<0>();
+    // Every warp's wgmma has finished reading the tiles before thread 0 lets TMA overwrite them.
+    __syncthreads();
   }
   ptx::fence_accumulators(acc);
   ptx::store_accumulators(acc, out, tile.m0, tile.n0);
