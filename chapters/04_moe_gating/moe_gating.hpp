@@ -144,84 +144,10 @@ void gating_after(const GatingParams& params, const float* logits, const float* 
 void gating_after(const GatingParams& params, const __nv_bfloat16* logits, const float* correction_bias,
                   const GatingOutputs& out, cudaStream_t stream = nullptr, CountMode count_mode = CountMode::automatic);
 
-namespace tune {
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run
-/// through Version 3 of the fused softmax kernel (full 32-bit keys, two redux.sync a round), which
-/// the packed-key kernel replaced, so one GPU run can measure both (docs/notes/ch04.md). Softmax
-/// scorings only; throws kc::InvalidArgument for deepseek_v3 or bad @p params.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v3(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                     cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run through
-/// `after`'s kernel with the row after next prefetched to L2 (a candidate: docs/notes/ch04.md,
-/// Session 8). Its outputs equal gating_after()'s bit for bit. Softmax scorings only; throws
-/// kc::InvalidArgument for deepseek_v3 or bad @p params.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_prefetch_l2(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run through
-/// Version 4 of the fused softmax kernel (64-bit row counters, each lane testing for its winners'
-/// slots, the NaN test by compares), which Version 5 replaced (docs/notes/ch04.md, Session 13).
-/// `after` itself runs it only where Version 5 cannot (gating_rows_fit_int32() false). Its outputs
-/// equal gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument for
-/// deepseek_v3 or bad @p params.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                     cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, through
-/// Version 5 with each round's warp-wide max taken by a five-step shuffle butterfly instead of
-/// `redux.sync` (at E from 129 on, where a warp holds one row). Outputs equal gating_after()'s bit
-/// for bit. Softmax scorings only; throws kc::InvalidArgument for deepseek_v3, bad @p params, or
-/// more than 2^30 logits (gating_rows_fit_int32()).
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                                 cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none,
-/// when out.counts is null), through Version 5 launched the ordinary way: the counts zeroed by
-/// `cudaMemsetAsync`, the kernel launched after it with no programmatic dependent launch (how
-/// `after` ran before Session 15). Outputs equal gating_after()'s bit for bit. Softmax scorings
-/// only; throws kc::InvalidArgument for deepseek_v3, bad @p params, or more than 2^30 logits.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v5_ordinary(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none,
-/// when out.counts is null), always through Version 5 of the fused softmax kernel (one row's
-/// epilogue at a time), which `after` replaces by Version 6 for fp32 rows of 129 to 256 experts with
-/// k = 8 and renormalised weights, where a warp has more than one row (docs/notes/ch04.md, Session 20). Outputs equal
-/// gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument, before any CUDA call, for
-/// deepseek_v3, bad @p params, or more than 2^30 logits.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v5(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                     cudaStream_t stream = nullptr);
-
-}  // namespace tune
-
-/// True when Version 5 of the fused softmax kernel can run @p params: it counts rows and output
-/// elements in 32-bit integers, so num_tokens · num_experts must be at most 2^30 (T · k is then
-/// smaller too, since k <= E). gating_after() runs Version 4, which counts in 64 bits, otherwise.
+/// True when the lean fused softmax kernels (steps 2 and 3) can run @p params: they count rows and
+/// output elements in 32-bit integers, so num_tokens · num_experts must be at most 2^30 (T · k is
+/// then smaller too, since k <= E). gating_after() runs step 1's kernel, which counts in 64 bits,
+/// otherwise.
 /// @param params shape and options (already valid)
 bool gating_rows_fit_int32(const GatingParams& params);
 
