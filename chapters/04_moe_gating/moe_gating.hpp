@@ -3,16 +3,22 @@
 /// weights [T, k] (fp32), expert ids [T, k] (int32) and per-expert token counts [E] (int32).
 ///
 /// Semantics shared by every path (the fp64 reference, the three-kernel "before" and the fused "after"):
-/// - Each output row is sorted by weight, largest first; equal weights put the lower expert id first.
-///   For the two softmax scorings the ranking is the ranking of the logits (softmax is strictly
-///   increasing), so it is exact whatever the rounding of the probabilities.
+/// - Softmax routings rank experts by logit, largest first; equal logits put the lower expert id
+///   first. Softmax is increasing, so this is the order of the probabilities, but ranking the
+///   logits is exact whatever the rounding: probabilities that underflow to 0 (logits of ±1e4) still
+///   rank by logit, never by id. Each output row is in that order, so its weights never increase.
+/// - DeepSeek-V3 selects by sigmoid(logit) + bias within the kept groups; each output row is sorted
+///   by weight (the unbiased score), largest first, equal weights by lower id.
 /// - NaN ranks below every number (below −Inf) and weighs 0. A +Inf logit wins: the +Inf logits
 ///   share the probability mass equally and every other expert gets 0. A row with no logit above −Inf
-///   (all −Inf and/or NaN) gets weights 0 (its ids are still the k lowest-ranked-first by the tie rule).
+///   (all −Inf and/or NaN) gets weights 0 (its ids are still the k best by the rules above).
 ///   Finite logits never give a NaN weight.
-/// - Counts are overwritten: counts[e] = the number of (token, slot) pairs that chose expert e.
-/// - T = 0 launches nothing. Nothing is allocated or synchronised on the launch path, so it can be
-///   captured in a CUDA graph; bad arguments throw kc::InvalidArgument before anything is launched.
+/// - Counts, when out.counts is not null, are always overwritten: counts[e] = the number of
+///   (token, slot) pairs that chose expert e. With T = 0 no kernel runs and the E counts are zeroed
+///   by a cudaMemsetAsync on the stream.
+/// - No output may overlap another argument. Nothing is allocated or synchronised on the launch
+///   path, so it can be captured in a CUDA graph; bad arguments throw kc::InvalidArgument before
+///   anything is launched.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -76,14 +82,16 @@ enum class CountMode {
 };
 
 /// Checks every rule (T >= 0, 1 <= E <= 512, 1 <= k <= min(E, 32), the DeepSeek-V3 group rules,
-/// pointers) and throws kc::InvalidArgument naming the first one broken, e.g.
-/// "k (9) must be <= num_experts (8)". Host-only; every launch function calls it first.
+/// pointers, no overlap between an output and any other argument) and throws kc::InvalidArgument
+/// naming the first one broken, e.g. "k (9) must be <= num_experts (8)" or "out.weights and out.ids
+/// must not overlap". Host-only, and it reads no pointer; every launch function calls it first.
 /// @param params shape and options
-/// @param logits the logits (fp32 or bf16; only null-ness is checked)
+/// @param logits the logits [T, E] (fp32 or bf16)
 /// @param correction_bias deepseek_v3's bias [E] or null (null = zero bias); must be null otherwise
 /// @param out the outputs
+/// @param logits_element_bytes bytes of one logit: 4 (fp32) or 2 (bf16)
 void validate_gating(const GatingParams& params, const void* logits, const float* correction_bias,
-                     const GatingOutputs& out);
+                     const GatingOutputs& out, std::size_t logits_element_bytes = sizeof(float));
 
 /// Bytes of device workspace gating_before() needs for @p params (0 when T = 0).
 std::size_t gating_before_workspace_bytes(const GatingParams& params);

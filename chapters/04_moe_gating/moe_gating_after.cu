@@ -27,7 +27,7 @@ constexpr int kFlushClustersAboveExperts = 128;
 template <typename T>
 void gating_after_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                        cudaStream_t stream, CountMode count_mode) {
-  validate_gating(p, logits, bias, out);
+  validate_gating(p, logits, bias, out, sizeof(T));
   if (count_mode != CountMode::fused_atomics && count_mode != CountMode::separate_kernel &&
       count_mode != CountMode::automatic) {
     throw InvalidArgument("count_mode (" + std::to_string(static_cast<int>(count_mode)) +
