@@ -8,11 +8,10 @@
 // Counts are integers: exact.
 //
 // Input design. Every softmax path ranks the logits themselves, so any fp32 or bf16 logits give
-// exact ids. DeepSeek-V3 ranks fp32 sigmoid + bias: there the fp64 reference and fp32 kernels agree exactly only when no two
-// competing values are within fp32 rounding of each other, so those inputs are built with gaps
-// (logits on a 1/64 grid; DeepSeek selection scores from a Sidon set, so every group's top-2 sum
-// differs too). Exact ties are made on purpose with duplicated values: equal inputs give equal fp32
-// values on every path, and the tie rule decides.
+// exact ids. DeepSeek-V3 ranks fp32 sigmoid + bias: there the fp64 reference and fp32 kernels agree exactly only when
+// no two competing values are within fp32 rounding of each other, so those inputs are built with gaps (logits on a 1/64
+// grid; DeepSeek selection scores from a Sidon set, so every group's top-2 sum differs too). Exact ties are made on
+// purpose with duplicated values: equal inputs give equal fp32 values on every path, and the tie rule decides.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,11 +25,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "fused_launch.cuh"
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
 #include "kc/test_support.hpp"
-#include "fused_launch.cuh"
 #include "moe_gating.hpp"
 #include "warp_primitives.hpp"
 
@@ -152,7 +151,6 @@ TEST(MoeGatingArguments, LeanKernelsRunUpTo2To30Logits) {
   EXPECT_FALSE(kc::ch04::gating_rows_fit_int32(softmax_params(std::int64_t{1} << 40, 8, 2)));
 }
 
-
 // No output may overlap another argument; the rule is checked on the host, before any CUDA call,
 // so fake device addresses are enough (nothing is dereferenced).
 TEST(MoeGatingArguments, RejectsOverlappingBuffers) {
@@ -164,28 +162,52 @@ TEST(MoeGatingArguments, RejectsOverlappingBuffers) {
   auto* ids = reinterpret_cast<std::int32_t*>(at(2048));
   auto* counts = reinterpret_cast<std::int32_t*>(at(3072));
   EXPECT_NO_THROW(kc::ch04::validate_gating(p, logits, nullptr, {weights, ids, counts}));
-  expect_invalid_argument([&] { kc::ch04::gating_after(p, logits, nullptr, {weights, reinterpret_cast<std::int32_t*>(at(1024 + 28)), counts}); },
-                          "out.weights and out.ids must not overlap");
-  expect_invalid_argument([&] { kc::ch04::gating_after(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(2048 + 16))}); },
-                          "out.ids and out.counts must not overlap");
-  expect_invalid_argument([&] { kc::ch04::gating_after(p, logits, nullptr, {reinterpret_cast<float*>(at(124)), ids, counts}); },
-                          "logits and out.weights must not overlap");
-  expect_invalid_argument([&] { kc::ch04::gating_after(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(100))}); },
-                          "logits and out.counts must not overlap");
-  expect_invalid_argument([&] { kc::ch04::gating_before(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(1024))}, at(3500), 4096); },
-                          "out.weights and out.counts must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, logits, nullptr, {weights, reinterpret_cast<std::int32_t*>(at(1024 + 28)), counts});
+      },
+      "out.weights and out.ids must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(2048 + 16))});
+      },
+      "out.ids and out.counts must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, logits, nullptr, {reinterpret_cast<float*>(at(124)), ids, counts});
+      },
+      "logits and out.weights must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(100))});
+      },
+      "logits and out.counts must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_before(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(1024))}, at(3500),
+                                4096);
+      },
+      "out.weights and out.counts must not overlap");
   // bf16 logits take half the bytes: weights right after 64 bytes of bf16 logits do not overlap.
   const auto* bf16_logits = reinterpret_cast<const __nv_bfloat16*>(at(0));
-  EXPECT_NO_THROW(kc::ch04::validate_gating(p, bf16_logits, nullptr, {reinterpret_cast<float*>(at(64)), ids, counts}, 2));
-  expect_invalid_argument([&] { kc::ch04::gating_after(p, bf16_logits, nullptr, {reinterpret_cast<float*>(at(60)), ids, counts}); },
-                          "logits and out.weights must not overlap");
+  EXPECT_NO_THROW(
+      kc::ch04::validate_gating(p, bf16_logits, nullptr, {reinterpret_cast<float*>(at(64)), ids, counts}, 2));
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, bf16_logits, nullptr, {reinterpret_cast<float*>(at(60)), ids, counts});
+      },
+      "logits and out.weights must not overlap");
   // DeepSeek-V3's bias is an input too.
   const GatingParams d = dsv3_params(4, 8, 2, 2, 1);
-  expect_invalid_argument([&] { kc::ch04::gating_after(d, logits, reinterpret_cast<const float*>(at(3072 - 8)), {weights, ids, counts}); },
-                          "correction_bias and out.counts must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(d, logits, reinterpret_cast<const float*>(at(3072 - 8)), {weights, ids, counts});
+      },
+      "correction_bias and out.counts must not overlap");
   // Inputs may share memory; an empty problem's ranges overlap nothing.
   EXPECT_NO_THROW(kc::ch04::validate_gating(d, logits, logits, {weights, ids, counts}));
-  EXPECT_NO_THROW(kc::ch04::validate_gating(softmax_params(0, 8, 2), logits, nullptr, {weights, reinterpret_cast<std::int32_t*>(weights), nullptr}));
+  EXPECT_NO_THROW(kc::ch04::validate_gating(softmax_params(0, 8, 2), logits, nullptr,
+                                            {weights, reinterpret_cast<std::int32_t*>(weights), nullptr}));
 }
 
 // ---------------------------------------------------------------- CPU: the reference itself
@@ -339,7 +361,15 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
 // step1_packed_keys and step2_lean_rounds: one step's kernel alone, through the chapter's internal
 // launch functions (fp32 logits, counts fused, launched the ordinary way). Step 1 is what `after`
 // runs past 2^30 logits, too large to test through gating_after().
-enum class Path { before, after_fused, after_separate, after_no_counts, after_automatic, step1_packed_keys, step2_lean_rounds };
+enum class Path {
+  before,
+  after_fused,
+  after_separate,
+  after_no_counts,
+  after_automatic,
+  step1_packed_keys,
+  step2_lean_rounds
+};
 const char* path_name(Path p) {
   switch (p) {
     case Path::before: return "before";
@@ -362,18 +392,26 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
     if constexpr (std::is_same_v<T, float>) {
       kc::ch04::validate_gating(p, logits, bias, out);
       if (out.counts != nullptr) {
-        kc::check(cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
+        kc::check(
+            cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
       }
       if (p.num_tokens == 0) return;
       namespace fused = kc::ch04::fused;
-      const fused::SoftmaxArgs a{out.weights, out.ids, out.counts, p.num_tokens, p.num_experts, p.k,
+      const fused::SoftmaxArgs a{out.weights,
+                                 out.ids,
+                                 out.counts,
+                                 p.num_tokens,
+                                 p.num_experts,
+                                 p.k,
                                  p.scoring == Scoring::softmax_then_topk && !p.renormalize};
       const fused::LaunchOn on{stream, false, false, fused::current_gpu()};
       const bool vector = p.num_experts % 4 == 0;
       if (path == Path::step1_packed_keys) {
-        vector ? fused::launch_packed_keys<float, 4>(logits, a, on) : fused::launch_packed_keys<float, 1>(logits, a, on);
+        vector ? fused::launch_packed_keys<float, 4>(logits, a, on)
+               : fused::launch_packed_keys<float, 1>(logits, a, on);
       } else {
-        vector ? fused::launch_lean_rounds<float, 4>(logits, a, on) : fused::launch_lean_rounds<float, 1>(logits, a, on);
+        vector ? fused::launch_lean_rounds<float, 4>(logits, a, on)
+               : fused::launch_lean_rounds<float, 1>(logits, a, on);
       }
       kc::check_launch();
     } else {
@@ -870,7 +908,8 @@ TEST_F(MoeGatingGpu, EmptyBatchZeroesAReusedCountsBuffer) {
       std::vector<std::int32_t> stale(static_cast<std::size_t>(p.num_experts), 12345);
       kc::check(cudaMemcpy(counts.data(), stale.data(), stale.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
       kc::DeviceBuffer<unsigned char> workspace(0);
-      launch(path, p, static_cast<const float*>(nullptr), nullptr, {nullptr, nullptr, counts.data()}, workspace, nullptr);
+      launch(path, p, static_cast<const float*>(nullptr), nullptr, {nullptr, nullptr, counts.data()}, workspace,
+             nullptr);
       kc::check(cudaDeviceSynchronize());
       EXPECT_EQ(counts.to_host(), std::vector<std::int32_t>(stale.size(), 0)) << path_name(path);
       EXPECT_EQ(counts.guard_damage(), 0u);

@@ -55,9 +55,8 @@ constexpr int deepseek_min_blocks() {
 // flushes its histogram of 256 counts as 8 requests (one a line of counts) however many rows it
 // ran, so 16 warps a block halve the grid's flush: at T = 4096, 256 blocks send 2048 requests
 // instead of 4096. Clusters, which cut the softmax kernels' flush, do not fit here: the occupancy
-// query gives 62 clusters of 8 blocks of 8 warps, and T = 4096 needs 64 (docs/notes/ch04.md,
-// Session 18). Wide blocks are used only where there are enough rows to give every SM one
-// (dispatch_deepseek): below that they would put twice the rows on half the SMs.
+// query gives 62 clusters of 8 blocks of 8 warps, and T = 4096 needs 64. Wide blocks are used only where there are
+// enough rows to give every SM one (dispatch_deepseek): below that they would put twice the rows on half the SMs.
 constexpr int kDeepSeekWideWarps = 16;
 
 template <typename T, int N, int V, int W>
@@ -86,7 +85,7 @@ __global__ void __launch_bounds__(W * 32, deepseek_min_blocks<T, N, V, W>())
   // parameter: gating_after's contract puts something other than a kernel between any kernel that
   // writes it and this launch, so it is read before the wait. Its latency and the barrier's are
   // then spent while the kernel before is still running, not on every row's path
-  // (docs/notes/ch04.md, Session 18).
+  //.
   __shared__ float bias_of[kMaxExperts];
   for (int e = static_cast<int>(threadIdx.x); e < a.num_experts; e += blockDim.x) {
     bias_of[e] = a.bias != nullptr ? a.bias[e] : 0.0f;

@@ -12,7 +12,7 @@ namespace {
 
 // Zeroes counts[0, E) for the fused kernels' atomics: a kernel, not a cudaMemsetAsync, so that it
 // too can be launched early, as its predecessor's programmatic dependent, and let the gating kernel
-// launch early behind it (docs/notes/ch04.md, Session 15).
+// launch early behind it.
 __global__ void zero_counts(std::int32_t* counts, int num_experts) {
   start_as_dependent();
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) counts[e] = 0;
@@ -38,7 +38,7 @@ constexpr int kCountThreads = 1024;
 constexpr std::int64_t kSmallCountLimit = 65536;
 // sm_90: a cluster of this many blocks shares out the ids, and block 0 of the cluster sums their
 // histograms through distributed shared memory. One block alone spent several microseconds on
-// 32 Ki ids (docs/notes/ch04.md, Session 15), most of it in shared-memory atomics.
+// 32 Ki ids, most of it in shared-memory atomics.
 constexpr int kCountClusterBlocks = 8;
 
 // Adds ids [begin, end) to a block's shared histogram, eight loads in flight a thread before their

@@ -248,7 +248,7 @@ __device__ __forceinline__ void start_as_dependent() {
 // A warp's atomics on 32 neighbouring counters travel as one request to the L2, and every request
 // on one cache line of counts is served in turn there: a grid flushes blocks x E / 32 requests
 // onto E / 32 lines. At T = 4096, E = 256 (512 blocks ending together) that cost about 3 us
-// (docs/notes/ch04.md, Session 16). So a kernel counting on sm_90 is launched in clusters
+//. So a kernel counting on sm_90 is launched in clusters
 // (gating_grid): the blocks of a cluster first sum their histograms through distributed shared
 // memory, and each flushes a slice of whole lines of the sum, so the grid sends kFlushClusterBlocks
 // times fewer requests.
@@ -319,7 +319,6 @@ __device__ __forceinline__ void flush_histogram(const int* histogram, int num_ex
   }
 }
 
-
 __device__ __forceinline__ void clear_histogram(int* histogram, int num_experts) {
   for (int e = static_cast<int>(threadIdx.x); e < num_experts; e += blockDim.x) histogram[e] = 0;
   __syncthreads();
@@ -379,7 +378,6 @@ __device__ __forceinline__ void load_row_if(const T* lane_logits, bool row_exist
   }
 }
 
-
 // 2^x with a denormal result flushed to 0: one MUFU.EX2. __expf / exp2f keep denormal results
 // exact, which costs four more instructions a value (a range test and two multiplies) for weights
 // below 1.2e-38, far below the tests' 1e-5.
@@ -401,7 +399,7 @@ __device__ __forceinline__ float rcp_ftz(float x) {
 // two MUFU and an add. detail::sigmoid (expf with its exact range, the correctly rounded
 // reciprocal with its slow-path branch) takes about 20 instructions a value: with it the row loop
 // of fused_deepseek_v3 (sm_90, fp32, E <= 256) was 1000 SASS instructions, with this 820, and at a
-// warp a row the kernel is bound by instruction issue (docs/notes/ch04.md, Session 16).
+// warp a row the kernel is bound by instruction issue.
 // Same policy: NaN stays NaN, +Inf gives 1, -Inf (and x below about -87, where 1 + 2^(-x log2 e)
 // passes 2^126) gives 0. Error against the exact sigmoid: below 3e-7 for |x| <= 16 (ex2.approx
 // 2^-22 relative, the rounded product |x| 2^-24 more, rcp.approx 2^-23), against decision gaps of

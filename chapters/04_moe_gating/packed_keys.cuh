@@ -8,11 +8,11 @@
 
 namespace kc::ch04::fused {
 
-// ---------------------------------------------------------------- Version 4: packed keys
+// Packed keys
 //
-// Version 3 spent ~473 SASS instructions a row at E = 256, k = 8 (docs/notes/ch04.md, Session 5):
+// Selection on full keys, with a separate id, costs ~473 SASS instructions a row at E = 256, k = 8:
 // a round was two dependent redux.sync plus the bookkeeping of a separate id next to every key.
-// Version 4 puts the id inside the key. A packed key is one unsigned number,
+// Step 1 puts the id inside the key. A packed key is one unsigned number,
 //
 //     2^31 + (sign * magnitude, its low b bits cleared) + (2^b - 1 - id),       b = log2(L * N),
 //
@@ -24,7 +24,7 @@ namespace kc::ch04::fused {
 // The price: the prefix no longer sees the logit's b lowest bits, so two fp32 logits within 2^b
 // ulps of each other can share a prefix and then rank by id. That can only change the answer when
 // two consecutive winners (the k-th and the (k+1)-th included) share a prefix, so the rounds run
-// once more to find the (k+1)-th, and such a row is redone exactly with the full keys (Version 3's
+// once more to find the (k+1)-th, and such a row is redone exactly with the full keys (the full-key kernel's
 // select_top_k). For random fp32 rows that is about one row in a hundred; tie-heavy rows always
 // take it, and stay exact. bf16 logits have 16 zero low bits: their prefix is the whole key, so
 // they never need it. The weights are computed from the winners' logits reloaded by id (a cache
@@ -76,7 +76,7 @@ __device__ __forceinline__ void fix_packed_keys(const float (&x)[N], int num_exp
   }
 }
 
-// The packed keys of a lane's values (Versions 5 and 6), and whether they may hold a NaN: a sum of
+// The packed keys of a lane's values (steps 2 and 3), and whether they may hold a NaN: a sum of
 // the values (N - 1 adds on the FMA pipe, in two chains, then one compare) is NaN iff some value is
 // NaN, or +Inf and -Inf (or overflows of both signs) meet, which only costs the slow path
 // (fix_packed_keys).
@@ -124,7 +124,7 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
 
 // After a round whose winning key is `best`: the lane that held it moves its second candidate up,
 // and if a lane won with no second known (c1 == c2), the warp rescans for each lane's best two
-// below `best` (the winners so far are exactly the keys >= best). Versions 5 and 6 both call it.
+// below `best` (the winners so far are exactly the keys >= best). Every packed-key kernel calls it.
 template <int N>
 __device__ __forceinline__ void advance_after_round(const unsigned (&packed)[N], unsigned best, unsigned& c1,
                                                     unsigned& c2) {
@@ -142,7 +142,7 @@ __device__ __forceinline__ void advance_after_round(const unsigned (&packed)[N],
 // The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
 // untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
 // r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
-// kWinnersInShared (L = 32 only; Version 5: docs/notes/ch04.md, Sessions 12-14): every round
+// kWinnersInShared (L = 32 only; step 2): every round
 // stores its winner to shared memory (one store, on the memory pipe) instead of each lane testing
 // "is this my slot?" (a compare and a select on the ALU pipe, which bounds the kernel); after the
 // rounds each lane reads its slot and the next one. Each lane stores into its own column
@@ -200,6 +200,5 @@ __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N],
   }
   return shared_prefix;
 }
-
 
 }  // namespace kc::ch04::fused

@@ -30,9 +30,15 @@ constexpr int kBatchRows = 32 / kFixedK;
 // The k rounds on packed keys plus round k (the (k+1)-th, for the prefix check), unrolled. Round r
 // stores its winner to row r of the lane's column (`column[r * 32]`: a constant offset); every lane
 // stores the same value to its own column, so a later read of the lane's own column needs no
-// barrier (as Version 5).
+// barrier (as step 2).
 template <int N, int kK>
 __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&packed)[N], unsigned* column) {
+  // exercise 1: Run the k rounds plus one more (the (k+1)-th winner, for the prefix check). Each lane
+  // exercise 1: starts from its best two packed keys (top2_packed); a round's winner is the warp's
+  // exercise 1: largest c1 (one __reduce_max_sync), stored to row r of the lane's column
+  // exercise 1: (column[r * 32]); then advance_after_round moves the winning lane's c2 up.
+  // stub: (void)packed;
+  // stub: (void)column;
   unsigned c1, c2;
   top2_packed<0, N>(packed, c1, c2);
 #pragma unroll
@@ -42,13 +48,14 @@ __device__ __forceinline__ void select_top_k_packed_unrolled(const unsigned (&pa
     if (r == kK) break;
     advance_after_round(packed, best, c1, c2);
   }
+  // end exercise 1
 }
 
-// The epilogue of a batch of Version 6 (one call for up to kBatchRows rows): lane k * b + r finishes
+// The epilogue of a batch (one call for up to kBatchRows rows): lane k * b + r finishes
 // winner r of batch row b, reading rows r and r + 1 of that row's part of its own column
 // (`my_winners`). `first_row` is the batch's first row; its rows are
 // `stride_rows` apart. Rows whose consecutive winners share a prefix are redone exactly, by the
-// whole warp (Version 5's fallback), one row at a time; lane k * b + r takes winner r from lane r.
+// whole warp (step 2's fallback), one row at a time; lane k * b + r takes winner r from lane r.
 template <typename T, int N, int V, int kK>
 __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const SoftmaxArgs& a, int first_row,
                                              int rows_in_batch, int stride_rows, const unsigned* my_winners,
@@ -63,12 +70,18 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
   const int my_row = first_row + batch_row * stride_rows;
   int id = 0;
   bool shared_prefix = false;
+  // exercise 2: Read this lane's winner (my_winners[0]) and the next one (my_winners[32]). The id is
+  // exercise 2: in the low bits of the packed key, stored as 2^b - 1 - id (kIdMask is 2^b - 1); the
+  // exercise 2: row needs the exact redo when the two keys agree above those bits.
+  // stub: (void)my_winners;
+  // stub: (void)kIdMask;
   if (active) {
     const unsigned mine = my_winners[0];
     const unsigned next = my_winners[32];  // the (k+1)-th for r = k - 1
     id = static_cast<int>(~mine & kIdMask);
     shared_prefix = (mine ^ next) <= kIdMask;
   }
+  // end exercise 2
   if constexpr (kMayShareExactPrefix) {
     const unsigned redo = __ballot_sync(kFullMask, shared_prefix);
 #pragma unroll 1
@@ -88,29 +101,43 @@ __device__ __forceinline__ void finish_batch(const T* __restrict__ logits, const
   }
   const T* const my_row_logits = logits + static_cast<std::int64_t>(my_row) * a.num_experts;
   const float value = active ? detail::to_float(my_row_logits[id]) : __int_as_float(0x7FC00000);  // NaN: 0
+  // exercise 3: The softmax of the row's k winners: the row's largest logit is winner 0's (the lane
+  // exercise 3: `rank` places to the left); each lane's mass is softmax_mass_fast(value, row_max,
+  // exercise 3: row_max > -Inf); the row's k lanes sum their masses with a kK-lane xor butterfly; the
+  // exercise 3: reciprocal of max(sum, 1) makes a row with no finite logit weigh 0.
+  // stub: const float mass = value;
+  // stub: const float reciprocal = 1.0f;
   const float row_max = __shfl_sync(kFullMask, value, lane - rank);  // winner 0: the row's largest
   const float mass = softmax_mass_fast(value, row_max, row_max > -__int_as_float(0x7f800000));
   float total = mass;
 #pragma unroll
   for (int offset = kK / 2; offset > 0; offset /= 2) total += __shfl_xor_sync(kFullMask, total, offset);
-  const float reciprocal = rcp_ftz(fmaxf(total, 1.0f));  // as Version 5: 0 or at least 1
+  const float reciprocal = rcp_ftz(fmaxf(total, 1.0f));  // as step 2: 0 or at least 1
+  // end exercise 3
+  // exercise 4: Store this lane's weight and id at output element my_row * k + rank (active lanes
+  // exercise 4: only), and count the id in the block's shared histogram.
+  // stub: (void)mass;
+  // stub: (void)reciprocal;
+  // stub: (void)histogram;
+  // stub: (void)my_row;
   if (active) {
     const int out = my_row * kK + rank;
     a.weights[out] = mass * reciprocal;
     a.ids[out] = id;
     atomicAdd(histogram + id, 1);  // flushed only when counts are wanted
   }
+  // end exercise 4
 }
 
-// Version 6: a warp a row (L = 32), k = kK, the renormalised (or top-k-then-softmax) weights, rows
+// Step 3's kernel: a warp a row (L = 32), k = kK, the renormalised (or top-k-then-softmax) weights, rows
 // and outputs counted in 32 bits (gating_rows_fit_int32()). The second number of __launch_bounds__
 // keeps 5 blocks an SM (48 registers): without it ptxas took 52 registers on sm_90, 4 blocks.
-// Asking L2 for the row after next (Version 4's tuning candidate, kPrefetchL2) made it 5 % slower
-// (docs/notes/ch04.md, Session 20): it does not wait on DRAM latency.
-// The row loop has Version 5's shape, one row an iteration (with the batch's rows as an inner loop,
+// Asking L2 for the row after next made it 5 % slower
+//: it does not wait on DRAM latency.
+// The row loop has step 2's shape, one row an iteration (with the batch's rows as an inner loop,
 // ptxas could no longer tell that the warp is converged and put a BRA.DIV before every round's
 // redux.sync); every kBatchRows rows, and after the warp's last row, finish_batch runs.
-// Measured and not kept (docs/notes/ch04.md, Session 20): the NaN test after the tournament (7
+// Measured and not kept: the NaN test after the tournament (7
 // instructions a row fewer) and clusters of two blocks summing their counts; both within 0.5 %.
 template <typename T, int N, int V, int kK>
 __global__ void __launch_bounds__(kThreads, 5)
@@ -137,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 5)
   const unsigned* const my_winners = column + (lane / kK) * kBatchRowWords + (lane % kK) * 32;
 
   const T* lane_logits = logits + static_cast<std::int64_t>(warp) * a.num_experts + lane_first;
-  float x[N] = {};  // the row being selected, loaded one row ahead (Version 5's software pipeline)
+  float x[N] = {};  // the row being selected, loaded one row ahead (step 2's software pipeline)
   load_row_if<T, L, N, V>(lane_logits, warp < tokens, a.num_experts, lane, x);
   int b = 0;  // the row's place in its batch
   for (int row = warp; row < tokens; row += stride_rows) {
