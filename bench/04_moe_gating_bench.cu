@@ -21,29 +21,13 @@
 // events, the L2 emptied before each replay by reading a buffer twice its size (every launch of a
 // replay reads inputs no launch has touched since). A read, not kc::bench::L2Flusher's memset: a
 // memset leaves the L2 full of dirty lines, and their write-back to DRAM then lands inside the
-// timed replay, slowing whatever is bound by DRAM (docs/notes/ch04.md, Sessions 15 and 16). A
+// timed replay, slowing whatever is bound by DRAM. A
 // router launch takes microseconds, less than the host needs to enqueue it (a launch through the
 // runtime costs the CPU a few microseconds); timed as a stream of ordinary launches, a batch
 // measures how fast the host enqueues, once the GPU has caught up with it. A graph is enqueued once, and it is how
-// inference engines run the layer anyway. The tuning rows *_stream_timed time the old way, for the comparison
-// (docs/notes/ch04.md, Session 15).
-//
-// KC_TUNE=1 registers the tuning cases instead (for docs/notes, not for the results tables):
-// ch04/tune_fused_v3 (Version 3 of the fused softmax kernel, which the packed-key kernel replaced),
-// ch04/tune_fused_v4 (the packed-key kernel, Version 4), ch04/tune_fused_v4_prefetch (the same with
-// the row after next prefetched to L2), ch04/tune_fused_v5 (Version 5, fewer ALU instructions a row,
-// one row's epilogue at a time), ch04/tune_fused_v6 (`after`: Version 6, four rows' epilogue at once
-// where a warp has several rows, Version 5 elsewhere), ch04/tune_fused_v5_shuffle_max (Version 5 with
-// the rounds' max by shuffles, not redux.sync), ch04/tune_fused_v5_ordinary (Version 5 launched the
-// ordinary way, the counts zeroed by cudaMemsetAsync, as before Session 15), ch04/tune_fused_v6_no_counts and
-// ch04/tune_fused_v5_ordinary_no_counts (weights and ids only, launched early and the ordinary way),
-// ch04/tune_limit and ch04/tune_limit_memcpy (the copy as a kernel and as cudaMemcpyAsync), and
-// ch04/tune_fused_v6_stream_timed, ch04/tune_limit_stream_timed and
-// ch04/tune_limit_memcpy_stream_timed (timed as ordinary launches, not a graph), at T = 65536,
-// 4096 and 16, E = 256, k = 8, so one run compares them.
+// inference engines run the layer anyway.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -69,24 +53,13 @@ enum class Variant {
   after_fused,
   after_separate,
   after_no_counts,
-  limit,         // copy_bytes: a copy kernel
-  limit_memcpy,  // cudaMemcpyAsync, for the tuning rows' comparison
-  fused_v3,
-  fused_v4,
-  fused_v4_prefetch,
-  fused_v5,
-  fused_v5_shuffle_max,
-  fused_v5_ordinary,
-  fused_v5_ordinary_no_counts
+  limit,  // copy_bytes: a copy kernel
 };
-
-// How a batch of launches is timed (the file's header says why the graph).
-enum class Timing { graph, stream };
 
 // The limit's copy: n bytes from src to dst, 16 bytes a load, four loads in flight a thread before
 // the first store. A kernel, not cudaMemcpyAsync: captured into a graph, a device-to-device
-// cudaMemcpyAsync becomes a memcpy node, which Session 16 measured slower than the same copy
-// launched on a stream (docs/notes/ch04.md), while a kernel runs the same either way. Both pointers
+// cudaMemcpyAsync becomes a memcpy node, which measured slower than the same copy
+// launched on a stream, while a kernel runs the same either way. Both pointers
 // are 16-byte aligned (the caller's buffers are), the tail of n % 16 bytes is copied bytewise.
 __global__ void copy_bytes(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst, std::size_t n) {
   const auto* src_words = reinterpret_cast<const int4*>(src);
@@ -164,8 +137,7 @@ void time_graph_batches(benchmark::State& state, const kc::DeviceInfo& device, c
   kc::check(cudaGraphDestroy(graph));
 }
 
-void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v,
-                Timing timing = Timing::graph) {
+void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04::GatingParams p, Variant v) {
   const auto t = static_cast<std::size_t>(p.num_tokens);
   const auto e = static_cast<std::size_t>(p.num_experts);
   const auto k = static_cast<std::size_t>(p.k);
@@ -183,7 +155,7 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
   kc::DeviceBuffer<unsigned char> workspace(kc::ch04::gating_before_workspace_bytes(p));
   // limit: one contiguous copy of the same number of bytes. A copy of n bytes reads n and writes n:
   // n = min_bytes / 2 moves exactly min_bytes. Each set starts 16-byte aligned (copy_bytes).
-  const bool copies = v == Variant::limit || v == Variant::limit_memcpy;
+  const bool copies = v == Variant::limit;
   const auto copy_n = static_cast<std::size_t>(bytes / 2);
   const std::size_t copy_stride = (copy_n + sizeof(int4) - 1) / sizeof(int4) * sizeof(int4);
   kc::DeviceBuffer<unsigned char> copy_src(copies ? copy_stride * sets : 0);
@@ -216,35 +188,15 @@ void bench_case(benchmark::State& state, const kc::DeviceInfo& device, kc::ch04:
       case Variant::after_no_counts:
         kc::ch04::gating_after(p, set_logits, bias_ptr, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr}, stream);
         break;
-      case Variant::fused_v5_ordinary: kc::ch04::tune::gating_after_v5_ordinary(p, set_logits, out, stream); break;
-      case Variant::fused_v5_ordinary_no_counts:
-        kc::ch04::tune::gating_after_v5_ordinary(p, set_logits, kc::ch04::GatingOutputs{out.weights, out.ids, nullptr},
-                                                 stream);
-        break;
-      case Variant::fused_v3: kc::ch04::tune::gating_after_v3(p, set_logits, out, stream); break;
-      case Variant::fused_v4_prefetch: kc::ch04::tune::gating_after_prefetch_l2(p, set_logits, out, stream); break;
-      case Variant::fused_v4: kc::ch04::tune::gating_after_v4(p, set_logits, out, stream); break;
-      case Variant::fused_v5: kc::ch04::tune::gating_after_v5(p, set_logits, out, stream); break;
-      case Variant::fused_v5_shuffle_max:
-        kc::ch04::tune::gating_after_v5_shuffle_max(p, set_logits, out, stream);
-        break;
       case Variant::limit:
         copy_bytes<<<copy_blocks, 256, 0, stream>>>(copy_src.data() + s * copy_stride,
                                                     copy_dst.data() + s * copy_stride, copy_n);
         kc::check_launch();
         break;
-      case Variant::limit_memcpy:
-        kc::check(cudaMemcpyAsync(copy_dst.data() + s * copy_stride, copy_src.data() + s * copy_stride, copy_n,
-                                  cudaMemcpyDeviceToDevice, stream));
-        break;
     }
   };
   const int batch = kc::bench::batch_for_bytes(bytes);
-  if (timing == Timing::graph) {
-    time_graph_batches(state, device, stream, batch, launch);
-  } else {
-    kc::bench::time_batches(state, stream, batch, launch);
-  }
+  time_graph_batches(state, device, stream, batch, launch);
   kc::check(cudaStreamDestroy(stream));
   if (copies) {  // the copy of set 0 (the first launch captured) must have arrived, every byte
     std::vector<unsigned char> src_host(copy_n), dst_host(copy_n);
@@ -271,7 +223,7 @@ void register_case(const kc::DeviceInfo& device, const std::string& label, const
                   {"limit", Variant::limit}};
   for (const auto& v : variants) {
     const std::string name = "ch04/" + std::string(v.name) + "/" + label;
-    // Graph replays repeat to within a fraction of a percent (Session 15: cv 0.0-0.5 %), so 0.1 s a
+    // Graph replays repeat to within a fraction of a percent (cv 0.0-0.5 %), so 0.1 s a
     // repetition is enough, and the chapter's 180 rows fit one device call with the tests.
     kc::bench::configure(benchmark::RegisterBenchmark(name.c_str(), [&device, p, variant = v.v](benchmark::State& s) {
       bench_case(s, device, p, variant);
@@ -329,50 +281,7 @@ void register_primitives(const kc::DeviceInfo& device) {
   }
 }
 
-// The tuning cases: the previous fused kernel against the current one and the copy, same inputs.
-void register_tuning(const kc::DeviceInfo& device) {
-  for (std::int64_t t : {std::int64_t{65536}, std::int64_t{4096}, std::int64_t{16}}) {
-    kc::ch04::GatingParams p;
-    p.num_tokens = t;
-    p.num_experts = 256;
-    p.k = 8;
-    p.renormalize = true;
-    const std::string label = "fp32_T" + std::to_string(t) + "_E256_k8";
-    labels.push_back(label);
-    const struct {
-      const char* name;
-      Variant v;
-      Timing timing;
-    } variants[] = {{"tune_fused_v3", Variant::fused_v3, Timing::graph},
-                    {"tune_fused_v4", Variant::fused_v4, Timing::graph},
-                    {"tune_fused_v4_prefetch", Variant::fused_v4_prefetch, Timing::graph},
-                    {"tune_fused_v5", Variant::fused_v5, Timing::graph},
-                    {"tune_fused_v6", Variant::after_fused, Timing::graph},
-                    {"tune_fused_v5_shuffle_max", Variant::fused_v5_shuffle_max, Timing::graph},
-                    {"tune_fused_v5_ordinary", Variant::fused_v5_ordinary, Timing::graph},
-                    {"tune_fused_v6_no_counts", Variant::after_no_counts, Timing::graph},
-                    {"tune_fused_v5_ordinary_no_counts", Variant::fused_v5_ordinary_no_counts, Timing::graph},
-                    {"tune_limit", Variant::limit, Timing::graph},
-                    {"tune_limit_memcpy", Variant::limit_memcpy, Timing::graph},
-                    {"tune_fused_v6_stream_timed", Variant::after_fused, Timing::stream},
-                    {"tune_limit_stream_timed", Variant::limit, Timing::stream},
-                    {"tune_limit_memcpy_stream_timed", Variant::limit_memcpy, Timing::stream}};
-    for (const auto& v : variants) {
-      const std::string name = "ch04/" + std::string(v.name) + "/" + label;
-      kc::bench::configure(benchmark::RegisterBenchmark(
-          name.c_str(), [&device, p, variant = v.v, timing = v.timing](benchmark::State& s) {
-            bench_case(s, device, p, variant, timing);
-          }));
-    }
-  }
-  kc::bench::check_case_labels(labels);
-}
-
 void register_benchmarks(const kc::DeviceInfo& device) {
-  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
-    register_tuning(device);
-    return;
-  }
   const std::int64_t tokens[] = {1, 16, 256, 4096, 65536};
   const int shapes[][2] = {{8, 2}, {64, 6}, {128, 8}, {256, 8}, {384, 8}};
   for (std::int64_t t : tokens) {

@@ -7,13 +7,11 @@
 // while a wrong normalisation (a missing renormalisation, a dropped term) is off by far more.
 // Counts are integers: exact.
 //
-// Input design. The fused softmax kernels rank the logits themselves, so any fp32 or bf16 logits
-// give exact ids. The before path ranks fp32 probabilities (as frameworks do), and DeepSeek-V3 ranks
-// fp32 sigmoid + bias: there the fp64 reference and fp32 kernels agree exactly only when no two
-// competing values are within fp32 rounding of each other, so those inputs are built with gaps
-// (logits on a 1/64 grid; DeepSeek selection scores from a Sidon set, so every group's top-2 sum
-// differs too). Exact ties are made on purpose with duplicated values: equal inputs give equal fp32
-// values on every path, and the tie rule decides.
+// Input design. Every softmax path ranks the logits themselves, so any fp32 or bf16 logits give
+// exact ids. DeepSeek-V3 ranks fp32 sigmoid + bias: there the fp64 reference and fp32 kernels agree exactly only when
+// no two competing values are within fp32 rounding of each other, so those inputs are built with gaps (logits on a 1/64
+// grid; DeepSeek selection scores from a Sidon set, so every group's top-2 sum differs too). Exact ties are made on
+// purpose with duplicated values: equal inputs give equal fp32 values on every path, and the tie rule decides.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fused_launch.cuh"
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
@@ -127,30 +126,22 @@ TEST(MoeGatingArguments, LaunchFunctionsRejectBeforeAnyCudaCall) {
   expect_invalid_argument(
       [&] { kc::ch04::gating_before(bad, static_cast<const float*>(nullptr), nullptr, {}, nullptr, 0); },
       "k (9) must be <= num_experts (8)");
-  float x = 0;
-  std::int32_t i = 0;
+  alignas(16) static unsigned char arena[1024];  // fake device buffers, never dereferenced
   expect_invalid_argument(
       [&] {
-        kc::ch04::gating_before(softmax_params(4, 8, 2), &x, nullptr, {&x, &i}, &x, 4);
+        kc::ch04::gating_before(softmax_params(4, 8, 2), reinterpret_cast<const float*>(arena), nullptr,
+                                {reinterpret_cast<float*>(arena + 256), reinterpret_cast<std::int32_t*>(arena + 512)},
+                                arena + 768, 4);
       },
       "workspace_bytes (4) must be >= gating_before_workspace_bytes(params)");
   EXPECT_NO_THROW(kc::ch04::gating_after(softmax_params(0, 8, 2), static_cast<const float*>(nullptr), nullptr, {}))
       << "T = 0 must launch nothing";
-  // The tuning entry points take softmax scorings only, refused before any CUDA call (without a GPU
-  // a CUDA call would throw a different error).
-  const GatingParams dsv3 = dsv3_params(4);
-  const kc::ch04::GatingOutputs host_out{&x, &i, nullptr};
-  for (const auto tuning : {kc::ch04::tune::gating_after_v3, kc::ch04::tune::gating_after_prefetch_l2,
-                            kc::ch04::tune::gating_after_v4, kc::ch04::tune::gating_after_v5_shuffle_max,
-                            kc::ch04::tune::gating_after_v5_ordinary, kc::ch04::tune::gating_after_v5}) {
-    expect_invalid_argument([&] { tuning(dsv3, &x, host_out, nullptr); },
-                            "scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
-  }
   EXPECT_EQ(kc::ch04::gating_before_workspace_bytes(softmax_params(0, 8, 2)), 0u);
 }
 
-// `after` runs Version 5, which counts rows in 32 bits, up to 2^30 logits, and Version 4 beyond.
-TEST(MoeGatingArguments, Version5RunsUpTo2To30Logits) {
+// `after` runs the lean kernels (steps 2 and 3), which count rows in 32 bits, up to 2^30 logits,
+// and step 1's packed-key kernel beyond.
+TEST(MoeGatingArguments, LeanKernelsRunUpTo2To30Logits) {
   EXPECT_TRUE(kc::ch04::gating_rows_fit_int32(softmax_params(0, 8, 2)));
   EXPECT_TRUE(kc::ch04::gating_rows_fit_int32(softmax_params(65536, 256, 8)));
   EXPECT_TRUE(kc::ch04::gating_rows_fit_int32(softmax_params(std::int64_t{1} << 22, 256, 8)));  // exactly 2^30
@@ -158,6 +149,65 @@ TEST(MoeGatingArguments, Version5RunsUpTo2To30Logits) {
   EXPECT_TRUE(kc::ch04::gating_rows_fit_int32(softmax_params((std::int64_t{1} << 30) / 384, 384, 8)));
   EXPECT_FALSE(kc::ch04::gating_rows_fit_int32(softmax_params((std::int64_t{1} << 30) / 384 + 1, 384, 8)));
   EXPECT_FALSE(kc::ch04::gating_rows_fit_int32(softmax_params(std::int64_t{1} << 40, 8, 2)));
+}
+
+// No output may overlap another argument; the rule is checked on the host, before any CUDA call,
+// so fake device addresses are enough (nothing is dereferenced).
+TEST(MoeGatingArguments, RejectsOverlappingBuffers) {
+  const GatingParams p = softmax_params(4, 8, 2);  // logits 128 bytes, weights and ids 32, counts 32
+  alignas(16) static unsigned char arena[4096];
+  const auto at = [&](std::size_t offset) { return arena + offset; };
+  const auto* logits = reinterpret_cast<const float*>(at(0));
+  auto* weights = reinterpret_cast<float*>(at(1024));
+  auto* ids = reinterpret_cast<std::int32_t*>(at(2048));
+  auto* counts = reinterpret_cast<std::int32_t*>(at(3072));
+  EXPECT_NO_THROW(kc::ch04::validate_gating(p, logits, nullptr, {weights, ids, counts}));
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, logits, nullptr, {weights, reinterpret_cast<std::int32_t*>(at(1024 + 28)), counts});
+      },
+      "out.weights and out.ids must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(2048 + 16))});
+      },
+      "out.ids and out.counts must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, logits, nullptr, {reinterpret_cast<float*>(at(124)), ids, counts});
+      },
+      "logits and out.weights must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(100))});
+      },
+      "logits and out.counts must not overlap");
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_before(p, logits, nullptr, {weights, ids, reinterpret_cast<std::int32_t*>(at(1024))}, at(3500),
+                                4096);
+      },
+      "out.weights and out.counts must not overlap");
+  // bf16 logits take half the bytes: weights right after 64 bytes of bf16 logits do not overlap.
+  const auto* bf16_logits = reinterpret_cast<const __nv_bfloat16*>(at(0));
+  EXPECT_NO_THROW(
+      kc::ch04::validate_gating(p, bf16_logits, nullptr, {reinterpret_cast<float*>(at(64)), ids, counts}, 2));
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(p, bf16_logits, nullptr, {reinterpret_cast<float*>(at(60)), ids, counts});
+      },
+      "logits and out.weights must not overlap");
+  // DeepSeek-V3's bias is an input too.
+  const GatingParams d = dsv3_params(4, 8, 2, 2, 1);
+  expect_invalid_argument(
+      [&] {
+        kc::ch04::gating_after(d, logits, reinterpret_cast<const float*>(at(3072 - 8)), {weights, ids, counts});
+      },
+      "correction_bias and out.counts must not overlap");
+  // Inputs may share memory; an empty problem's ranges overlap nothing.
+  EXPECT_NO_THROW(kc::ch04::validate_gating(d, logits, logits, {weights, ids, counts}));
+  EXPECT_NO_THROW(kc::ch04::validate_gating(softmax_params(0, 8, 2), logits, nullptr,
+                                            {weights, reinterpret_cast<std::int32_t*>(weights), nullptr}));
 }
 
 // ---------------------------------------------------------------- CPU: the reference itself
@@ -246,6 +296,16 @@ TEST(MoeGatingReference, DeepSeekWeightsAreScaledUnbiasedScoresSortedByWeight) {
   EXPECT_NEAR(r.weights[1], s0 / (s0 + s1) * 2.5, 1e-12);
 }
 
+// Logits of +-1e4: every probability but the winners' underflows to 0, even in double. The ranking
+// is by logit (ties by lower id), never by the underflowed probability.
+TEST(MoeGatingReference, HugeLogitsRankByLogitNotByUnderflowedProbability) {
+  GatingParams p = softmax_params(1, 6, 4);
+  const std::vector<double> logits = {-1e4, 1e4, -2e4, 3e3, -5e3, 1e4};
+  const GatingReference ref = kc::ch04::gating_reference(p, logits);
+  EXPECT_EQ(ref.ids, (std::vector<std::int32_t>{1, 5, 3, 4}));
+  EXPECT_EQ(ref.weights, (std::vector<double>{0.5, 0.5, 0.0, 0.0}));
+}
+
 TEST(MoeGatingReference, RejectsWrongSpanLengths) {
   expect_invalid_argument([] { kc::ch04::gating_reference(softmax_params(2, 4, 1), std::vector<double>(7)); },
                           "logits has 7 elements");
@@ -298,19 +358,17 @@ std::vector<double> widen(const std::vector<__nv_bfloat16>& v) {
   return d;
 }
 
-// tune_*: the benchmark's tuning kernels (fp32 logits, counts fused); tune_v4 is
-// also what `after` runs past 2^30 logits, too large to test here.
+// step1_packed_keys and step2_lean_rounds: one step's kernel alone, through the chapter's internal
+// launch functions (fp32 logits, counts fused, launched the ordinary way). Step 1 is what `after`
+// runs past 2^30 logits, too large to test through gating_after().
 enum class Path {
   before,
   after_fused,
   after_separate,
   after_no_counts,
   after_automatic,
-  tune_prefetch_l2,
-  tune_v4,
-  tune_v5_shuffle_max,
-  tune_v5_ordinary,
-  tune_v5
+  step1_packed_keys,
+  step2_lean_rounds
 };
 const char* path_name(Path p) {
   switch (p) {
@@ -319,11 +377,8 @@ const char* path_name(Path p) {
     case Path::after_separate: return "after_counts_separate";
     case Path::after_no_counts: return "after_no_counts";
     case Path::after_automatic: return "after_counts_automatic";
-    case Path::tune_prefetch_l2: return "tune_prefetch_l2";
-    case Path::tune_v4: return "tune_v4";
-    case Path::tune_v5_shuffle_max: return "tune_v5_shuffle_max";
-    case Path::tune_v5_ordinary: return "tune_v5_ordinary";
-    case Path::tune_v5: return "tune_v5";
+    case Path::step1_packed_keys: return "step1_packed_keys";
+    case Path::step2_lean_rounds: return "step2_lean_rounds";
   }
   return "unknown";
 }
@@ -333,22 +388,34 @@ void launch(Path path, const GatingParams& p, const T* logits, const float* bias
             kc::DeviceBuffer<unsigned char>& workspace, cudaStream_t stream) {
   if (path == Path::before) {
     kc::ch04::gating_before(p, logits, bias, out, workspace.data(), workspace.size(), stream);
-  } else if (path == Path::tune_prefetch_l2 || path == Path::tune_v4 || path == Path::tune_v5_shuffle_max ||
-             path == Path::tune_v5_ordinary || path == Path::tune_v5) {
+  } else if (path == Path::step1_packed_keys || path == Path::step2_lean_rounds) {
     if constexpr (std::is_same_v<T, float>) {
-      if (path == Path::tune_v5) {
-        kc::ch04::tune::gating_after_v5(p, logits, out, stream);
-      } else if (path == Path::tune_prefetch_l2) {
-        kc::ch04::tune::gating_after_prefetch_l2(p, logits, out, stream);
-      } else if (path == Path::tune_v4) {
-        kc::ch04::tune::gating_after_v4(p, logits, out, stream);
-      } else if (path == Path::tune_v5_shuffle_max) {
-        kc::ch04::tune::gating_after_v5_shuffle_max(p, logits, out, stream);
-      } else {
-        kc::ch04::tune::gating_after_v5_ordinary(p, logits, out, stream);
+      kc::ch04::validate_gating(p, logits, bias, out);
+      if (out.counts != nullptr) {
+        kc::check(
+            cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
       }
+      if (p.num_tokens == 0) return;
+      namespace fused = kc::ch04::fused;
+      const fused::SoftmaxArgs a{out.weights,
+                                 out.ids,
+                                 out.counts,
+                                 p.num_tokens,
+                                 p.num_experts,
+                                 p.k,
+                                 p.scoring == Scoring::softmax_then_topk && !p.renormalize};
+      const fused::LaunchOn on{stream, false, false, fused::current_gpu()};
+      const bool vector = p.num_experts % 4 == 0;
+      if (path == Path::step1_packed_keys) {
+        vector ? fused::launch_packed_keys<float, 4>(logits, a, on)
+               : fused::launch_packed_keys<float, 1>(logits, a, on);
+      } else {
+        vector ? fused::launch_lean_rounds<float, 4>(logits, a, on)
+               : fused::launch_lean_rounds<float, 1>(logits, a, on);
+      }
+      kc::check_launch();
     } else {
-      FAIL() << "the tuning candidates take fp32 logits only";
+      FAIL() << "the step paths take fp32 logits only";
     }
   } else if (path == Path::after_automatic) {
     kc::ch04::gating_after(p, logits, bias, out, stream);  // CountMode::automatic, the default
@@ -390,9 +457,8 @@ void check_case(Path path, const GatingParams& p, const std::vector<T>& logits, 
   } else if (p.num_tokens > 0) {
     EXPECT_EQ(counts.to_host(), ref.counts);
   } else {
-    EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(counts.to_host()), kc::test::kPoisonByte),
-              static_cast<std::size_t>(p.num_experts))
-        << "T = 0 launches nothing";
+    EXPECT_EQ(counts.to_host(), std::vector<std::int32_t>(static_cast<std::size_t>(p.num_experts), 0))
+        << "T = 0 launches no kernel but still writes the counts (zeros)";
   }
   EXPECT_EQ(weights.guard_damage() + ids.guard_damage() + counts.guard_damage(), 0u) << "wrote past the end";
 }
@@ -405,7 +471,7 @@ const int kKs[] = {1, 2, 6, 8, 32};
 TEST_F(MoeGatingGpu, SoftmaxEveryShapeFp32) {
   const std::uint64_t seed = kc::test::test_seed();
   for (Path path : {Path::after_fused, Path::after_separate, Path::after_no_counts, Path::after_automatic, Path::before,
-                    Path::tune_v4}) {
+                    Path::step1_packed_keys}) {
     for (int e : kExperts) {
       for (int k : kKs) {
         if (k > e) continue;
@@ -450,36 +516,34 @@ TEST_F(MoeGatingGpu, AfterIsExactOnUnstructuredFp32) {
   }
 }
 
-// `after` (Version 6 past one grid of rows at E <= 256, k = 8; Version 5 elsewhere) and the tuning
-// kernels (Version 5 alone; Version 4, the one `after` falls back
-// to past 2^30 logits; Version 4 with the L2 prefetch) must agree with the reference exactly: on every layout
-// (E from 8 to 512), k up to 32 (Version 5 keeps k + 1 winners in shared memory), and on grids with
-// a partial last round of rows.
-TEST_F(MoeGatingGpu, TuningCandidatesMatchTheReference) {
+// `after` (step 3 past one wave of rows at 129 <= E <= 256, k = 8; step 2 elsewhere) and steps 1
+// and 2 alone must agree with the reference exactly: on every layout (E from 8 to 512), k up to 32
+// (step 2 keeps k + 1 winners in shared memory), and on grids with a partial last round of rows.
+// 70001 rows: a warp walks ~13 rows at E = 256 (5280 rows a stride on 132 SMs).
+void check_large_grids(std::initializer_list<int> experts) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (int e : {8, 64, 128, 256, 384, 512}) {
+  for (int e : experts) {
     for (int k : {1, 8, 32}) {
       if (k > e) continue;
       for (std::int64_t t : {1, 7, 4096, 70001}) {
         if (t >= 4096 && kc::test::small_tests_only()) continue;
-        // 70001 rows: a warp walks ~13 rows at E = 256 (5280 rows a stride), so the prefetch runs,
-        // and the last rows have nothing two strides on.
         if (t == 70001 && e != 64 && e != 256 && e != 512) continue;
         std::vector<float> logits(static_cast<std::size_t>(t * e));
         kc::fill_uniform(std::span<float>(logits), seed + e * 7 + k);
         check_case(Path::after_fused, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_prefetch_l2, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v4, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v5_shuffle_max, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v5_ordinary, softmax_params(t, e, k, true), logits);
-        check_case(Path::tune_v5, softmax_params(t, e, k, true), logits);
+        check_case(Path::step1_packed_keys, softmax_params(t, e, k, true), logits);
+        check_case(Path::step2_lean_rounds, softmax_params(t, e, k, true), logits);
       }
     }
   }
 }
 
+TEST_F(MoeGatingGpu, StepsMatchTheReferenceUpTo128Experts) { check_large_grids({8, 64, 128}); }
+TEST_F(MoeGatingGpu, StepsMatchTheReferenceAt256Experts) { check_large_grids({256}); }
+TEST_F(MoeGatingGpu, StepsMatchTheReferenceAbove256Experts) { check_large_grids({384, 512}); }
+
 TEST_F(MoeGatingGpu, ExactTiesPickTheLowerId) {
-  for (Path path : {Path::after_fused, Path::before, Path::tune_v4, Path::tune_v5_shuffle_max}) {
+  for (Path path : {Path::after_fused, Path::before, Path::step1_packed_keys, Path::step2_lean_rounds}) {
     for (int e : {8, 60, 256, 512}) {
       // Few distinct values: every row is full of exact ties, across lanes and within a lane.
       std::vector<float> logits(static_cast<std::size_t>(64) * e);
@@ -503,34 +567,34 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
     for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
     r[6 * e + 0] = inf, r[6 * e + 1] = -inf;             // row 6: +Inf beside -Inf (one lane's sum is NaN)
     // Only the fused paths: the before path ranks probabilities, where NaN and -Inf both become 0.
-    for (Path path : {Path::after_fused, Path::tune_v4, Path::tune_v5_shuffle_max}) {
+    for (Path path : {Path::after_fused, Path::step1_packed_keys, Path::step2_lean_rounds}) {
       check_case(path, softmax_params(7, e, std::min(e, 6), false), logits);
       check_case(path, softmax_params(7, e, std::min(e, 6), true), logits);
     }
   }
 }
 
-// Rows past one grid: there a warp has several rows, so `after` runs Version 6 at E from 129 to 256
+// Rows past one grid: there a warp has several rows, so `after` runs step 3 at E from 129 to 256
 // and k = 8 (four rows selected, then one shared epilogue, lane 8 b + r finishing winner r of row
 // b). On a 1/64 grid ties are common, so rows whose consecutive winners share a prefix (redone
 // exactly inside the batch) fall at every position of a batch, and the warps' last batches are
 // partial (70001 rows; 11003 with KC_SMALL_TESTS, still about two rows a warp on an H200). k = 6,
-// the full softmax and E = 512 check that those launches keep Version 5.
+// the full softmax and E = 512 check that those launches keep step 2.
 TEST_F(MoeGatingGpu, BatchedEpilogueRedoesAnyRowOfTheBatch) {
   const std::uint64_t seed = kc::test::test_seed();
   const std::int64_t t = kc::test::small_tests_only() ? 11003 : 70001;
   for (int e : {160, 256, 512}) {
     const auto logits = grid_logits(static_cast<std::size_t>(t * e), seed + e);
     if (e <= 256) {
-      for (Path path : {Path::after_fused, Path::after_no_counts, Path::tune_v5}) {
+      for (Path path : {Path::after_fused, Path::after_no_counts, Path::step2_lean_rounds}) {
         check_case(path, softmax_params(t, e, 8, true), logits);
         GatingParams p = softmax_params(t, e, 8);
         p.scoring = Scoring::topk_then_softmax;
         check_case(path, p, logits);
       }
-      check_case(Path::after_fused, softmax_params(t, e, 8, false), logits);  // full softmax: Version 5
+      check_case(Path::after_fused, softmax_params(t, e, 8, false), logits);  // full softmax: step 2
     }
-    check_case(Path::after_fused, softmax_params(t, e, 6, true), logits);  // k = 6 (and E = 512): Version 5
+    check_case(Path::after_fused, softmax_params(t, e, 6, true), logits);  // k = 6 (and E = 512): step 2
   }
 }
 
@@ -568,13 +632,13 @@ TEST_F(MoeGatingGpu, BatchedEpilogueFollowsTheNanPolicy) {
         row[rng() % static_cast<unsigned>(e)] = 0.0f;
       }
     }
-    for (Path path : {Path::after_fused, Path::tune_v5}) {
+    for (Path path : {Path::after_fused, Path::step2_lean_rounds}) {
       check_case(path, softmax_params(t, e, 8, true), logits);
       GatingParams p = softmax_params(t, e, 8);
       p.scoring = Scoring::topk_then_softmax;
       check_case(path, p, logits);
     }
-    check_case(Path::after_fused, softmax_params(t, e, 6, true), logits);  // Version 5
+    check_case(Path::after_fused, softmax_params(t, e, 6, true), logits);  // step 2
   }
 }
 
@@ -746,7 +810,7 @@ TEST_F(MoeGatingGpu, EarlyLaunchWaitsForTheKernelBefore) {
 // kernel launch, and poisons it until then; the gating launch must still see the written bias.
 // The kernels are loaded and run once first: a first launch's module loading takes longer than the
 // 50 us, and the test would pass whatever the order. The race is real: on sm_90 a variant without
-// the memset (and without counts) failed (docs/notes/ch04.md, Session 18, item 6).
+// the memset (and without counts) failed.
 TEST_F(MoeGatingGpu, DeepSeekBiasWrittenBeforeANonKernelOperationIsSeen) {
   const std::uint64_t seed = kc::test::test_seed();
   cudaStream_t stream = nullptr;  // its own stream: the test's launches only
@@ -800,7 +864,7 @@ TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
       kc::test::expect_bitwise_repeatable(run);
     }
   }
-  // Past one grid of rows: Version 6 (four rows' epilogue at once).
+  // Past one grid of rows: step 3 (four rows' epilogue at once).
   for (Path path : {Path::after_fused, Path::after_no_counts}) {
     SCOPED_TRACE(std::string(path_name(path)) + " E=256, past one grid");
     const GatingParams p = softmax_params(11003, 256, 8, true);
@@ -811,6 +875,45 @@ TEST_F(MoeGatingGpu, GraphCapturableAndBitwiseRepeatable) {
     const auto run = make_run(path, p, logits, weights, ids, counts, ws);
     kc::test::expect_graph_capturable(run);
     kc::test::expect_bitwise_repeatable(run);
+  }
+}
+
+// The one ranking contract for every path (moe_gating.hpp): rows of +-1e4 logits, where all but the
+// top probabilities underflow to 0 in fp32, still come out in logit order, ties by lower id.
+TEST_F(MoeGatingGpu, HugeLogitsRankByLogitOnEveryPath) {
+  for (int e : {8, 64, 256, 384}) {
+    std::vector<float> logits(static_cast<std::size_t>(64) * e);
+    std::mt19937_64 rng(kc::test::test_seed() + e);
+    for (float& v : logits) v = static_cast<float>(static_cast<int>(rng() % 41) - 20) * 1e3f;  // -2e4 .. 2e4
+    for (Path path : {Path::before, Path::after_fused, Path::step1_packed_keys, Path::step2_lean_rounds}) {
+      check_case(path, softmax_params(64, e, std::min(e, 8), true), logits);
+      check_case(path, softmax_params(64, e, std::min(e, 8), false), logits);
+      GatingParams p = softmax_params(64, e, std::min(e, 8));
+      p.scoring = Scoring::topk_then_softmax;
+      check_case(path, p, logits);
+    }
+    std::vector<__nv_bfloat16> bf16(logits.size());
+    for (std::size_t i = 0; i < bf16.size(); ++i) bf16[i] = __float2bfloat16(logits[i]);
+    check_case(Path::before, softmax_params(64, e, std::min(e, 8), true), bf16);
+    check_case(Path::after_fused, softmax_params(64, e, std::min(e, 8), true), bf16);
+  }
+}
+
+// T = 0 launches no kernel but overwrites the counts with zeros: a reused counts buffer holds no
+// stale values.
+TEST_F(MoeGatingGpu, EmptyBatchZeroesAReusedCountsBuffer) {
+  for (Path path : {Path::before, Path::after_fused, Path::after_separate, Path::after_automatic}) {
+    for (const GatingParams& p : {softmax_params(0, 64, 6, true), dsv3_params(0)}) {
+      kc::test::GuardedOutput<std::int32_t> counts(static_cast<std::size_t>(p.num_experts));
+      std::vector<std::int32_t> stale(static_cast<std::size_t>(p.num_experts), 12345);
+      kc::check(cudaMemcpy(counts.data(), stale.data(), stale.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+      kc::DeviceBuffer<unsigned char> workspace(0);
+      launch(path, p, static_cast<const float*>(nullptr), nullptr, {nullptr, nullptr, counts.data()}, workspace,
+             nullptr);
+      kc::check(cudaDeviceSynchronize());
+      EXPECT_EQ(counts.to_host(), std::vector<std::int32_t>(stale.size(), 0)) << path_name(path);
+      EXPECT_EQ(counts.guard_damage(), 0u);
+    }
   }
 }
 
@@ -826,10 +929,6 @@ TEST_F(MoeGatingGpu, BadArgumentsWriteNothing) {
   expect_invalid_argument(
       [&] { kc::ch04::gating_before(softmax_params(64, 8, 2), logits.data(), nullptr, out, nullptr, 0); },
       "workspace must not be null");
-  // A tuning entry point refuses DeepSeek-V3 routing before anything is launched: the counts it
-  // would zero first stay poisoned.
-  expect_invalid_argument([&] { kc::ch04::tune::gating_after_v5(dsv3_params(64, 8, 2, 2, 1), logits.data(), out); },
-                          "scoring must be softmax_then_topk or topk_then_softmax for a tuning kernel");
   kc::check(cudaDeviceSynchronize());
   EXPECT_EQ(kc::count_poisoned(std::span<const float>(weights.to_host()), kc::test::kPoisonByte), 128u);
   EXPECT_EQ(kc::count_poisoned(std::span<const std::int32_t>(ids.to_host()), kc::test::kPoisonByte), 128u);

@@ -3,16 +3,22 @@
 /// weights [T, k] (fp32), expert ids [T, k] (int32) and per-expert token counts [E] (int32).
 ///
 /// Semantics shared by every path (the fp64 reference, the three-kernel "before" and the fused "after"):
-/// - Each output row is sorted by weight, largest first; equal weights put the lower expert id first.
-///   For the two softmax scorings the ranking is the ranking of the logits (softmax is strictly
-///   increasing), so it is exact whatever the rounding of the probabilities.
+/// - Softmax routings rank experts by logit, largest first; equal logits put the lower expert id
+///   first. Softmax is increasing, so this is the order of the probabilities, but ranking the
+///   logits is exact whatever the rounding: probabilities that underflow to 0 (logits of ±1e4) still
+///   rank by logit, never by id. Each output row is in that order, so its weights never increase.
+/// - DeepSeek-V3 selects by sigmoid(logit) + bias within the kept groups; each output row is sorted
+///   by weight (the unbiased score), largest first, equal weights by lower id.
 /// - NaN ranks below every number (below −Inf) and weighs 0. A +Inf logit wins: the +Inf logits
 ///   share the probability mass equally and every other expert gets 0. A row with no logit above −Inf
-///   (all −Inf and/or NaN) gets weights 0 (its ids are still the k lowest-ranked-first by the tie rule).
+///   (all −Inf and/or NaN) gets weights 0 (its ids are still the k best by the rules above).
 ///   Finite logits never give a NaN weight.
-/// - Counts are overwritten: counts[e] = the number of (token, slot) pairs that chose expert e.
-/// - T = 0 launches nothing. Nothing is allocated or synchronised on the launch path, so it can be
-///   captured in a CUDA graph; bad arguments throw kc::InvalidArgument before anything is launched.
+/// - Counts, when out.counts is not null, are always overwritten: counts[e] = the number of
+///   (token, slot) pairs that chose expert e. With T = 0 no kernel runs and the E counts are zeroed
+///   by a cudaMemsetAsync on the stream.
+/// - No output may overlap another argument. Nothing is allocated or synchronised on the launch
+///   path, so it can be captured in a CUDA graph; bad arguments throw kc::InvalidArgument before
+///   anything is launched.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -76,14 +82,16 @@ enum class CountMode {
 };
 
 /// Checks every rule (T >= 0, 1 <= E <= 512, 1 <= k <= min(E, 32), the DeepSeek-V3 group rules,
-/// pointers) and throws kc::InvalidArgument naming the first one broken, e.g.
-/// "k (9) must be <= num_experts (8)". Host-only; every launch function calls it first.
+/// pointers, no overlap between an output and any other argument) and throws kc::InvalidArgument
+/// naming the first one broken, e.g. "k (9) must be <= num_experts (8)" or "out.weights and out.ids
+/// must not overlap". Host-only, and it reads no pointer; every launch function calls it first.
 /// @param params shape and options
-/// @param logits the logits (fp32 or bf16; only null-ness is checked)
+/// @param logits the logits [T, E] (fp32 or bf16)
 /// @param correction_bias deepseek_v3's bias [E] or null (null = zero bias); must be null otherwise
 /// @param out the outputs
+/// @param logits_element_bytes bytes of one logit: 4 (fp32) or 2 (bf16)
 void validate_gating(const GatingParams& params, const void* logits, const float* correction_bias,
-                     const GatingOutputs& out);
+                     const GatingOutputs& out, std::size_t logits_element_bytes = sizeof(float));
 
 /// Bytes of device workspace gating_before() needs for @p params (0 when T = 0).
 std::size_t gating_before_workspace_bytes(const GatingParams& params);
@@ -144,84 +152,10 @@ void gating_after(const GatingParams& params, const float* logits, const float* 
 void gating_after(const GatingParams& params, const __nv_bfloat16* logits, const float* correction_bias,
                   const GatingOutputs& out, cudaStream_t stream = nullptr, CountMode count_mode = CountMode::automatic);
 
-namespace tune {
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run
-/// through Version 3 of the fused softmax kernel (full 32-bit keys, two redux.sync a round), which
-/// the packed-key kernel replaced, so one GPU run can measure both (docs/notes/ch04.md). Softmax
-/// scorings only; throws kc::InvalidArgument for deepseek_v3 or bad @p params.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v3(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                     cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run through
-/// `after`'s kernel with the row after next prefetched to L2 (a candidate: docs/notes/ch04.md,
-/// Session 8). Its outputs equal gating_after()'s bit for bit. Softmax scorings only; throws
-/// kc::InvalidArgument for deepseek_v3 or bad @p params.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_prefetch_l2(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, run through
-/// Version 4 of the fused softmax kernel (64-bit row counters, each lane testing for its winners'
-/// slots, the NaN test by compares), which Version 5 replaced (docs/notes/ch04.md, Session 13).
-/// `after` itself runs it only where Version 5 cannot (gating_rows_fit_int32() false). Its outputs
-/// equal gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument for
-/// deepseek_v3 or bad @p params.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v4(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                     cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused, through
-/// Version 5 with each round's warp-wide max taken by a five-step shuffle butterfly instead of
-/// `redux.sync` (at E from 129 on, where a warp holds one row). Outputs equal gating_after()'s bit
-/// for bit. Softmax scorings only; throws kc::InvalidArgument for deepseek_v3, bad @p params, or
-/// more than 2^30 logits (gating_rows_fit_int32()).
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v5_shuffle_max(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                                 cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none,
-/// when out.counts is null), through Version 5 launched the ordinary way: the counts zeroed by
-/// `cudaMemsetAsync`, the kernel launched after it with no programmatic dependent launch (how
-/// `after` ran before Session 15). Outputs equal gating_after()'s bit for bit. Softmax scorings
-/// only; throws kc::InvalidArgument for deepseek_v3, bad @p params, or more than 2^30 logits.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v5_ordinary(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                              cudaStream_t stream = nullptr);
-
-/// For the benchmark's tuning cases only (KC_TUNE=1): gating_after() with counts fused (or none,
-/// when out.counts is null), always through Version 5 of the fused softmax kernel (one row's
-/// epilogue at a time), which `after` replaces by Version 6 for fp32 rows of 129 to 256 experts with
-/// k = 8 and renormalised weights, where a warp has more than one row (docs/notes/ch04.md, Session 20). Outputs equal
-/// gating_after()'s bit for bit. Softmax scorings only; throws kc::InvalidArgument, before any CUDA call, for
-/// deepseek_v3, bad @p params, or more than 2^30 logits.
-/// @param params shape and options
-/// @param logits [T, E] fp32 logits
-/// @param out outputs
-/// @param stream the stream to enqueue on
-void gating_after_v5(const GatingParams& params, const float* logits, const GatingOutputs& out,
-                     cudaStream_t stream = nullptr);
-
-}  // namespace tune
-
-/// True when Version 5 of the fused softmax kernel can run @p params: it counts rows and output
-/// elements in 32-bit integers, so num_tokens · num_experts must be at most 2^30 (T · k is then
-/// smaller too, since k <= E). gating_after() runs Version 4, which counts in 64 bits, otherwise.
+/// True when the lean fused softmax kernels (steps 2 and 3) can run @p params: they count rows and
+/// output elements in 32-bit integers, so num_tokens · num_experts must be at most 2^30 (T · k is
+/// then smaller too, since k <= E). gating_after() runs step 1's kernel, which counts in 64 bits,
+/// otherwise.
 /// @param params shape and options (already valid)
 bool gating_rows_fit_int32(const GatingParams& params);
 

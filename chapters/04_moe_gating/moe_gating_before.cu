@@ -196,14 +196,19 @@ std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign *
 template <typename T>
 void gating_before_impl(const GatingParams& p, const T* logits, const float* bias, const GatingOutputs& out,
                         void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  validate_gating(p, logits, bias, out);
+  validate_gating(p, logits, bias, out, sizeof(T));
   const std::size_t needed = gating_before_workspace_bytes(p);
   if (p.num_tokens > 0 && workspace == nullptr) throw InvalidArgument("workspace must not be null when num_tokens > 0");
   if (workspace_bytes < needed) {
     throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) +
                           ") must be >= gating_before_workspace_bytes(params) (" + std::to_string(needed) + ")");
   }
-  if (p.num_tokens == 0) return;
+  if (p.num_tokens == 0) {  // no rows: no kernel, but the counts are written (all zero)
+    if (out.counts != nullptr) {
+      check(cudaMemsetAsync(out.counts, 0, static_cast<std::size_t>(p.num_experts) * sizeof(std::int32_t), stream));
+    }
+    return;
+  }
   const std::int64_t t = p.num_tokens;
   const auto te = static_cast<std::size_t>(t) * static_cast<std::size_t>(p.num_experts);
   auto* base = static_cast<unsigned char*>(workspace);
@@ -221,7 +226,11 @@ void gating_before_impl(const GatingParams& p, const T* logits, const float* bia
   if (p.scoring == Scoring::softmax_then_topk) {
     softmax_rows<T><<<warp_blocks, kThreads, 0, stream>>>(logits, scores, t, p.num_experts);
     check_launch();
-    topk_rows<float><<<warp_blocks, kThreads, 0, stream>>>(scores, a);
+    // Rank the logits, not the probabilities: softmax is increasing, so the order is the same, but
+    // probabilities that underflow to 0 (logits far below the row's largest) would all tie and fall
+    // back to id order. The probabilities are gathered by id.
+    a.gather = scores;
+    topk_rows<T><<<warp_blocks, kThreads, 0, stream>>>(logits, a);
     mode = p.renormalize ? Normalise::renormalize : Normalise::none;
   } else if (p.scoring == Scoring::topk_then_softmax) {
     topk_rows<T><<<warp_blocks, kThreads, 0, stream>>>(logits, a);

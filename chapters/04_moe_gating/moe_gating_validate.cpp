@@ -1,9 +1,14 @@
 // Argument checks shared by the chapter's launch functions and its reference. Host code only, so the
 // CPU tests exercise every rule without a GPU.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
 #include <string>
 
 #include "kc/check.hpp"
+#include "kc/validate.hpp"
 #include "moe_gating.hpp"
 
 namespace kc::ch04 {
@@ -52,7 +57,7 @@ void validate_params(const GatingParams& p) {
 }  // namespace
 
 void validate_gating(const GatingParams& params, const void* logits, const float* correction_bias,
-                     const GatingOutputs& out) {
+                     const GatingOutputs& out, std::size_t logits_element_bytes) {
   validate_params(params);
   if (correction_bias != nullptr && params.scoring != Scoring::deepseek_v3) {
     throw InvalidArgument("correction_bias must be null unless scoring is deepseek_v3");
@@ -61,6 +66,27 @@ void validate_gating(const GatingParams& params, const void* logits, const float
   if (logits == nullptr) throw InvalidArgument("logits must not be null when num_tokens > 0");
   if (out.weights == nullptr) throw InvalidArgument("out.weights must not be null when num_tokens > 0");
   if (out.ids == nullptr) throw InvalidArgument("out.ids must not be null when num_tokens > 0");
+  // The outputs must not overlap each other or the inputs: the kernels read logits and bias while
+  // other blocks write the outputs. Empty ranges overlap nothing (kc::overlaps).
+  const auto tk = static_cast<std::uint64_t>(params.num_tokens) * static_cast<std::uint64_t>(params.k);
+  const auto e = static_cast<std::uint64_t>(params.num_experts);
+  const struct {
+    const char* name;
+    const void* p;
+    std::uint64_t bytes;
+  } ranges[] = {{"logits", logits, static_cast<std::uint64_t>(params.num_tokens) * e * logits_element_bytes},
+                {"correction_bias", correction_bias, correction_bias != nullptr ? e * sizeof(float) : 0},
+                {"out.weights", out.weights, tk * sizeof(float)},
+                {"out.ids", out.ids, tk * sizeof(std::int32_t)},
+                {"out.counts", out.counts, out.counts != nullptr ? e * sizeof(std::int32_t) : 0}};
+  for (std::size_t i = 0; i < std::size(ranges); ++i) {
+    for (std::size_t j = std::max<std::size_t>(i + 1, 2); j < std::size(ranges); ++j) {  // the inputs may share
+      if (ranges[i].p != nullptr && ranges[j].p != nullptr &&
+          overlaps(ranges[i].p, ranges[i].bytes, ranges[j].p, ranges[j].bytes)) {
+        throw InvalidArgument(std::string(ranges[i].name) + " and " + ranges[j].name + " must not overlap");
+      }
+    }
+  }
 }
 
 // Exposed to the reference (same translation unit family, declared where used).

@@ -13,7 +13,7 @@
 // has its own counter, so throughput is worked out SM by SM (primitive_ops_per_sm_clock): the block
 // scheduler does not promise blocks_per_sm blocks on every SM, and dividing one block's work by one
 // block's time where an SM ran more blocks than that overstates the rate (the first run of this
-// benchmark reported 5.3 FFMA a clock, above the SM's 4; docs/notes/ch04.md, Session 15).
+// benchmark reported 5.3 FFMA a clock, above the SM's 4).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
