@@ -49,12 +49,12 @@ __global__ void bias_activation_kernel(bf16* __restrict__ c, const bf16* __restr
       for (int p = 0; p < 4; ++p) {
         const float2 x = __bfloat1622float2(v.pair[p]);
         const float2 y = __bfloat1622float2(b.pair[p]);
-        v.pair[p] = __floats2bfloat162_rn(ch02::activate(x.x + y.x, activation), ch02::activate(x.y + y.y, activation));
+        v.pair[p] = __floats2bfloat162_rn(activate(x.x + y.x, activation), activate(x.y + y.y, activation));
       }
       store8(c + i, v);
     } else {
       const float b = bias != nullptr ? __bfloat162float(bias[col]) : 0.0f;
-      c[i] = __float2bfloat16_rn(ch02::activate(__bfloat162float(c[i]) + b, activation));
+      c[i] = __float2bfloat16_rn(activate(__bfloat162float(c[i]) + b, activation));
     }
   }
 }
@@ -96,11 +96,11 @@ __global__ void silu_and_mul_kernel(const bf16* __restrict__ gate_up, bf16* __re
       for (int p = 0; p < 4; ++p) {
         const float2 x = __bfloat1622float2(g.pair[p]);
         const float2 y = __bfloat1622float2(u.pair[p]);
-        v.pair[p] = __floats2bfloat162_rn(ch02::silu(x.x) * y.x, ch02::silu(x.y) * y.y);
+        v.pair[p] = __floats2bfloat162_rn(silu(x.x) * y.x, silu(x.y) * y.y);
       }
       store8(out + i, v);
     } else {
-      out[i] = __float2bfloat16_rn(ch02::silu(__bfloat162float(gate[0])) * __bfloat162float(gate[n_out]));
+      out[i] = __float2bfloat16_rn(silu(__bfloat162float(gate[0])) * __bfloat162float(gate[n_out]));
     }
   }
 }
