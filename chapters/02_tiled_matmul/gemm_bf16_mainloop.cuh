@@ -200,8 +200,8 @@ __device__ __forceinline__ void gemm_bf16_block_k_range(const __nv_bfloat16* __r
   __syncthreads();
   load_fragments(0, 0, 0);
 
-  int read_stage = 0;              // buffer holding slice kt
-  int write_stage = kStages - 1;   // buffer the next copies go to: the one slice kt-1 used
+  int read_stage = 0;             // buffer holding slice kt
+  int write_stage = kStages - 1;  // buffer the next copies go to: the one slice kt-1 used
   // An epilogue whose inputs are copied with the last slices (InputCopies::with_last_slices) has
   // them issued once every slice is, with the last kPrologue slices still to multiply: the copies
   // join the next group, otherwise empty, which the loop's last iteration waits for, behind its

@@ -72,8 +72,7 @@ GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_blo
     throw InvalidArgument("tile (" + std::to_string(t) + ") is not a GemmBf16Tile");
   }
   GemmBf16TileInfo info;
-  with_tile_config(tile, smem_per_block_optin,
-                   [&](auto cfg) { info = info_of<decltype(cfg)>(smem_per_block_optin); });
+  with_tile_config(tile, smem_per_block_optin, [&](auto cfg) { info = info_of<decltype(cfg)>(smem_per_block_optin); });
   return info;
 }
 
@@ -153,8 +152,8 @@ void run(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmS
   with_tile_config(tile, limits.smem_per_block_optin, [&](auto cfg) {
     using Cfg = decltype(cfg);
     if constexpr (kStagedStore<Cfg>) {
-      launch_tiles<Cfg>(a, w, c, shape, paired, StagedStore::for_output(static_cast<int>(shape.n), c),
-                        Cfg::smem_bytes, stream);
+      launch_tiles<Cfg>(a, w, c, shape, paired, StagedStore::for_output(static_cast<int>(shape.n), c), Cfg::smem_bytes,
+                        stream);
     } else {
       launch_tiles<Cfg>(a, w, c, shape, paired, NoEpilogue{}, Cfg::smem_bytes, stream);
     }

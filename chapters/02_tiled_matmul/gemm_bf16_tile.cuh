@@ -57,12 +57,12 @@ struct Tile {
 /// The tiles. Four stages where they fit, three on GPUs with less shared memory per block (227 KiB
 /// on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 / sm_89). The small tile streams memory-bound shapes,
 /// so it takes six stages: 80 KiB of copies in flight per block, and still two blocks per SM on sm_90.
-using LargeTile4 = Tile<128, 256, 2, 4, 4>;       ///< 192 KiB: sm_90
-using LargeTile3 = Tile<128, 256, 2, 4, 3>;       ///< 144 KiB: sm_80
-using MediumTile4 = Tile<128, 128, 2, 4, 4>;      ///< 128 KiB: sm_80, sm_90
-using MediumTile3 = Tile<128, 128, 2, 4, 3>;      ///<  96 KiB: sm_86 / sm_89
-using SmallTile = Tile<64, 64, 2, 2, 6, true>;    ///<  96 KiB: all; K rotated
-using NarrowTile = Tile<64, 32, 4, 1, 8, true>;   ///<  96 KiB: all; K rotated
+using LargeTile4 = Tile<128, 256, 2, 4, 4>;      ///< 192 KiB: sm_90
+using LargeTile3 = Tile<128, 256, 2, 4, 3>;      ///< 144 KiB: sm_80
+using MediumTile4 = Tile<128, 128, 2, 4, 4>;     ///< 128 KiB: sm_80, sm_90
+using MediumTile3 = Tile<128, 128, 2, 4, 3>;     ///<  96 KiB: sm_86 / sm_89
+using SmallTile = Tile<64, 64, 2, 2, 6, true>;   ///<  96 KiB: all; K rotated
+using NarrowTile = Tile<64, 32, 4, 1, 8, true>;  ///<  96 KiB: all; K rotated
 
 /// The small and narrow tiles for a single wave (at most one block per SM): one block then has the
 /// SM's shared memory to itself, and a memory-bound GEMM that streams W once (M = 16 or 128) needs

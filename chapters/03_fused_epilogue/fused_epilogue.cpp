@@ -1,9 +1,10 @@
 // Before (unfused): Chapter 2's GEMM, then the elementwise passes of elementwise_before.cu; and the
 // chapter's host-side arithmetic. The fused path (after) is fused_gemm.cu.
+#include "fused_epilogue.hpp"
+
 #include <cstdint>
 #include <string>
 
-#include "fused_epilogue.hpp"
 #include "gemm_bf16.hpp"
 #include "kc/check.hpp"
 #include "kc/validate.hpp"

@@ -68,11 +68,11 @@ __device__ __forceinline__ void activate4(float (&x)[4], Activation activation) 
 /// (into shared memory, or by the thread that stores it) before it is stored.
 struct BiasActivationResidual {
   static constexpr InputCopies input_copies = InputCopies::at_start;  ///< when vector and it fits
-  static constexpr int outputs_per_group = 4;  ///< C columns per 4 accumulators
-  const __nv_bfloat16* bias;                   ///< [n] or null
-  const __nv_bfloat16* residual;               ///< [m, n] or null
-  int n;                                       ///< columns of C (and of the residual)
-  Activation activation;                       ///< applied after the bias
+  static constexpr int outputs_per_group = 4;                         ///< C columns per 4 accumulators
+  const __nv_bfloat16* bias;                                          ///< [n] or null
+  const __nv_bfloat16* residual;                                      ///< [m, n] or null
+  int n;                                                              ///< columns of C (and of the residual)
+  Activation activation;                                              ///< applied after the bias
   bool vector;              ///< n % 8 == 0 and c, bias, residual 16-byte aligned: cp.async staging, 8-byte stores
   bool prefetched = false;  ///< vector, and the launch added Prefetch<Cfg>::bytes of shared memory
 
@@ -146,8 +146,8 @@ inline constexpr bool residual_rows_split_the_tile = (Staging<Cfg, true>::parts 
 /// counts W's rows; C has n / 2 columns.
 struct SwiGlu {
   static constexpr InputCopies input_copies = InputCopies::at_start;  ///< when vector and it fits
-  static constexpr int outputs_per_group = 2;   ///< C columns per 4 accumulators
-  const __nv_bfloat16* bias;                    ///< [n] interleaved like W, or null
+  static constexpr int outputs_per_group = 2;                         ///< C columns per 4 accumulators
+  const __nv_bfloat16* bias;                                          ///< [n] interleaved like W, or null
   static constexpr bool residual_rows = false;  ///< no residual (validated): one part on every tile
   const __nv_bfloat16* residual = nullptr;      ///< never used (validated); keeps the staging code common
   int n;                                        ///< rows of W (columns of the GEMM); C has n / 2
@@ -200,11 +200,11 @@ template <Activation kActivation>
 struct RegisterBiasActivationResidual {
   /// Bias and residual copied once the last K slice is issued (gemm_bf16_mainloop.cuh says why).
   static constexpr InputCopies input_copies = InputCopies::with_last_slices;
-  const __nv_bfloat16* bias;                  ///< [n] or null
-  const __nv_bfloat16* residual;              ///< [m, n] or null; may be c
-  int n;                                      ///< columns of C (and of the residual)
-  bool vector;                                ///< n % 8 == 0 and c, bias, residual 16-byte aligned
-  bool prefetched = false;                    ///< vector, and the launch added Prefetch<Cfg>::bytes of shared memory
+  const __nv_bfloat16* bias;      ///< [n] or null
+  const __nv_bfloat16* residual;  ///< [m, n] or null; may be c
+  int n;                          ///< columns of C (and of the residual)
+  bool vector;                    ///< n % 8 == 0 and c, bias, residual 16-byte aligned
+  bool prefetched = false;        ///< vector, and the launch added Prefetch<Cfg>::bytes of shared memory
 
   /// Finishes the pair (x, y) at (tile_row, tile_col) and (tile_row, tile_col + 1) of the block's
   /// tile, right before its store, in the thread that holds it. `smem` is the kernel's shared

@@ -134,8 +134,7 @@ void run_small_deep_in_registers(const __nv_bfloat16* a, const __nv_bfloat16* w,
 
 // Picks the epilogue struct for `epilogue` and runs it.
 void run_fused(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
-                  const Epilogue& epilogue, GemmBf16Tile tile, const DeviceLimits& limits,
-                  cudaStream_t stream) {
+               const Epilogue& epilogue, GemmBf16Tile tile, const DeviceLimits& limits, cudaStream_t stream) {
   // The staged epilogue's fast path: 16-byte cp.async of bias and residual rows, 8-byte stores.
   const bool vector =
       shape.n % 8 == 0 && aligned_to(c, 16) && aligned_to(epilogue.bias, 16) && aligned_to(epilogue.residual, 16);

@@ -140,8 +140,8 @@ struct AddPartials {
     for (int j0 = 0; j0 < partners; j0 += kPerBatch) {
       const int count = partners - j0 < kPerBatch ? partners - j0 : kPerBatch;
       for (int j = 0; j < count; ++j) {
-        const float4* partial = reinterpret_cast<const float4*>(
-            first_partial + static_cast<std::int64_t>(j0 + j) * partial_stride);
+        const float4* partial =
+            reinterpret_cast<const float4*>(first_partial + static_cast<std::int64_t>(j0 + j) * partial_stride);
 #pragma unroll
         for (int f = 0; f < kFragments; ++f) {
           cp_async_16(smem_base + ((j * kFragments + f) * kThreads + tid) * 16, partial + f * kThreads + tid, true);
