@@ -159,7 +159,7 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
   if (owns(plan, block, unit)) {
     const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
     const AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first)) * kTileFloats,
-                                         static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
+                            static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
                                               p.paired, owner, unit.k_begin, unit.k_end);
     // Every partner's warp w has counted itself in, and lane 0 of this warp w has seen it: no one
