@@ -196,59 +196,6 @@ TEST(GemmBf16Tiles, InfoFollowsSharedMemory) {
   }
 }
 
-// The tuning tiles: the large tile's shape and stages with another schedule, and a 128×128 tile of
-// 4 warps whose 96 KiB let two blocks share an sm_90 SM (2 × 96 KiB <= 228 KiB per SM).
-TEST(GemmBf16Tiles, TuningTilesInfo) {
-  const auto early_h200 = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_early_refill, kH200Smem);
-  const auto large_h200 = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large, kH200Smem);
-  EXPECT_EQ(early_h200.block_m, large_h200.block_m);
-  EXPECT_EQ(early_h200.block_n, large_h200.block_n);
-  EXPECT_EQ(early_h200.warps, large_h200.warps);
-  EXPECT_EQ(early_h200.stages, 4);
-  EXPECT_EQ(early_h200.smem_bytes, large_h200.smem_bytes);
-  EXPECT_TRUE(early_h200.fits);
-  EXPECT_EQ(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_early_refill, kA100Smem).stages, 3);
-  EXPECT_FALSE(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_early_refill, kRtxSmem).fits);
-
-  const auto two = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::medium_two_blocks, kH200Smem);
-  EXPECT_EQ(two.block_m, 128);
-  EXPECT_EQ(two.block_n, 128);
-  EXPECT_EQ(two.block_k, 64);
-  EXPECT_EQ(two.warps, 4);
-  EXPECT_EQ(two.stages, 3);
-  EXPECT_EQ(two.smem_bytes, 3u * (128 + 128) * 64 * 2);
-  EXPECT_LE(2 * (two.smem_bytes + 1024), 233472u) << "two blocks (and their 1 KiB reserve) fit an sm_90 SM";
-  EXPECT_TRUE(kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::medium_two_blocks, kRtxSmem).fits);
-
-  // The unrotated tiles: the shapes, warps, stages and shared memory of small, small_deep and
-  // narrow_deep; only the order of the K slices differs.
-  const std::pair<GemmBf16Tile, GemmBf16Tile> unrotated[] = {
-      {GemmBf16Tile::small_unrotated, GemmBf16Tile::small},
-      {GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::small_deep},
-      {GemmBf16Tile::narrow_deep_unrotated, GemmBf16Tile::narrow_deep}};
-  for (const auto& [tuning, base] : unrotated) {
-    for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
-      const auto t = kc::ch02::gemm_bf16_tile_info(tuning, smem);
-      const auto b = kc::ch02::gemm_bf16_tile_info(base, smem);
-      EXPECT_EQ(t.block_m, b.block_m);
-      EXPECT_EQ(t.block_n, b.block_n);
-      EXPECT_EQ(t.warps, b.warps);
-      EXPECT_EQ(t.stages, b.stages);
-      EXPECT_EQ(t.smem_bytes, b.smem_bytes);
-      EXPECT_EQ(t.fits, b.fits);
-    }
-  }
-
-  // The store from registers changes how C leaves the kernel, not the tile.
-  for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
-    const auto registers = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large_register_store, smem);
-    const auto large = kc::ch02::gemm_bf16_tile_info(GemmBf16Tile::large, smem);
-    EXPECT_EQ(registers.stages, large.stages);
-    EXPECT_EQ(registers.smem_bytes, large.smem_bytes);
-    EXPECT_EQ(registers.fits, large.fits);
-  }
-}
-
 TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
   using kc::ch02::choose_gemm_bf16_tile;
   // Compute-bound square: the big tile (512 blocks for 132 SMs).
@@ -276,18 +223,6 @@ TEST(GemmBf16Tiles, ChoiceFillsTheGpu) {
   EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 132, kH200Smem), GemmBf16Tile::narrow_deep);
   // One SM: any grid fills it, so the largest tile.
   EXPECT_EQ(choose_gemm_bf16_tile({1, 8, 16}, 1, kH200Smem), GemmBf16Tile::large);
-  // The tuning tiles are never chosen.
-  for (GemmShape s : {GemmShape{4096, 4096, 4096}, GemmShape{2048, 2048, 2048}, GemmShape{128, 4096, 7168}}) {
-    for (std::size_t smem : {kH200Smem, kA100Smem, kRtxSmem}) {
-      const GemmBf16Tile chosen = choose_gemm_bf16_tile(s, 132, smem);
-      EXPECT_NE(chosen, GemmBf16Tile::large_early_refill);
-      EXPECT_NE(chosen, GemmBf16Tile::medium_two_blocks);
-      EXPECT_NE(chosen, GemmBf16Tile::large_register_store);
-      EXPECT_NE(chosen, GemmBf16Tile::small_unrotated);
-      EXPECT_NE(chosen, GemmBf16Tile::small_deep_unrotated);
-      EXPECT_NE(chosen, GemmBf16Tile::narrow_deep_unrotated);
-    }
-  }
   expect_invalid_argument(
       [] {
         kc::ch02::choose_gemm_bf16_tile({1, 8, 16}, 0, kH200Smem);
@@ -307,12 +242,6 @@ TEST(GemmBf16Tiles, Names) {
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow), "narrow");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_deep), "small_deep");
   EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow_deep), "narrow_deep");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_early_refill), "large_early_refill");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::medium_two_blocks), "medium_two_blocks");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::large_register_store), "large_register_store");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_unrotated), "small_unrotated");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::small_deep_unrotated), "small_deep_unrotated");
-  EXPECT_STREQ(kc::ch02::to_string(GemmBf16Tile::narrow_deep_unrotated), "narrow_deep_unrotated");
 }
 
 TEST(MmaPeakArguments, FlopsAndSinkSize) {
@@ -441,9 +370,10 @@ TEST_P(GemmBf16TileGpu, SeveralTilesEachWay) {
   check({1000, 1030, 1032});
 }
 
-// The large tile stores C through shared memory; large_register_store stores the same accumulators
-// from registers. Each rounds every accumulator once: the same bits, on shapes that take the staged
-// store's 8-byte path (N % 8 == 0) and its element-by-element path (odd N, and C at an odd element).
+// The large tile stores C through shared memory, the medium tile from registers. Both sum K in the
+// same order (k16 steps in turn, no K rotation) and round every accumulator once: the same bits, on
+// shapes that take the staged store's 8-byte path (N % 8 == 0) and its element-by-element path
+// (odd N, and C at an odd element).
 class GemmBf16StoreGpu : public kc::test::GpuTest {};
 
 TEST_F(GemmBf16StoreGpu, StagedAndRegisterStoresGiveTheSameBits) {
@@ -460,7 +390,7 @@ TEST_F(GemmBf16StoreGpu, StagedAndRegisterStoresGiveTheSameBits) {
       for (int i = 0; i < 2; ++i) {
         kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(s.m * s.n) + offset);
         kc::ch02::gemm_bf16_with_tile(a.data(), w.data(), c.data() + offset, s,
-                                      i == 0 ? GemmBf16Tile::large : GemmBf16Tile::large_register_store);
+                                      i == 0 ? GemmBf16Tile::large : GemmBf16Tile::medium);
         kc::check(cudaDeviceSynchronize());
         EXPECT_EQ(c.guard_damage(), 0u) << "wrote past the end of c";
         out[i] = c.to_host();
@@ -475,10 +405,7 @@ TEST_F(GemmBf16StoreGpu, StagedAndRegisterStoresGiveTheSameBits) {
 
 INSTANTIATE_TEST_SUITE_P(GemmBf16, GemmBf16TileGpu,
                          ::testing::Values(GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small,
-                                           GemmBf16Tile::narrow, GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep,
-                                           GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
-                                           GemmBf16Tile::large_register_store, GemmBf16Tile::small_unrotated,
-                                           GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::narrow_deep_unrotated),
+                                           GemmBf16Tile::narrow, GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep),
                          [](const ::testing::TestParamInfo<GemmBf16Tile>& info) {
                            return std::string(kc::ch02::to_string(info.param));
                          });

@@ -68,17 +68,17 @@ TEST(FusedEpilogueReference, ActivationsAtKnownPoints) {
 // [-10, 10]: within a few fp32 ulps relative, or 1e-6 absolute near zero.
 TEST(FusedEpilogueReference, Fp32ActivationsMatchFp64) {
   for (Activation act : kActivations) {
-    SCOPED_TRACE(kc::ch02::to_string(act));
+    SCOPED_TRACE(kc::ch03::to_string(act));
     for (int i = -2000; i <= 2000; ++i) {
       const float x = static_cast<float>(i) * 0.005f;
       const double want = kc::ch03::activate_reference(x, act);
-      const double got = kc::ch02::activate(x, act);
+      const double got = kc::ch03::activate(x, act);
       ASSERT_NEAR(got, want, 1e-6 + 4e-7 * std::abs(want)) << "x = " << x;
     }
   }
-  EXPECT_TRUE(std::isnan(kc::ch02::activate(std::numeric_limits<float>::quiet_NaN(), Activation::relu)))
+  EXPECT_TRUE(std::isnan(kc::ch03::activate(std::numeric_limits<float>::quiet_NaN(), Activation::relu)))
       << "relu(NaN) is NaN, as in PyTorch";
-  EXPECT_EQ(kc::ch02::activate(-200.0f, Activation::silu), 0.0f) << "e^200 overflows; silu must still give -0";
+  EXPECT_EQ(kc::ch03::activate(-200.0f, Activation::silu), 0.0f) << "e^200 overflows; silu must still give -0";
 }
 
 TEST(FusedEpilogueReference, LinearWithBiasAndResidual) {
@@ -133,12 +133,12 @@ TEST(FusedEpilogueArguments, ResidualAliasingRule) {
   HostBuffer a, w, c;
   const GemmShape s{4, 4, 8};  // c: 16 elements
   Epilogue e{nullptr, Activation::none, c.data, false};
-  EXPECT_NO_THROW(kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, s, e)) << "residual == c: allowed";
+  EXPECT_NO_THROW(kc::ch03::validate_linear_fused(a.data, w.data, c.data, s, e)) << "residual == c: allowed";
   e.residual = c.data + 1;
-  expect_invalid_argument([&] { kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, s, e); },
+  expect_invalid_argument([&] { kc::ch03::validate_linear_fused(a.data, w.data, c.data, s, e); },
                           "epilogue.residual must be c itself or not overlap c at all");
   e.residual = c.data + 16;
-  EXPECT_NO_THROW(kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, s, e)) << "right after c: fine";
+  EXPECT_NO_THROW(kc::ch03::validate_linear_fused(a.data, w.data, c.data, s, e)) << "right after c: fine";
   // The unfused path cannot add c to itself: its GEMM overwrites c first.
   e.residual = c.data;
   expect_invalid_argument([&] { kc::ch03::validate_linear_unfused(a.data, w.data, c.data, s, e, nullptr); },
@@ -150,26 +150,25 @@ TEST(FusedEpilogueArguments, BiasAndActivationRules) {
   const GemmShape s{4, 4, 8};
   expect_invalid_argument(
       [&] {
-        kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, s,
-                                              {c.data + 10, Activation::none, nullptr, false});
+        kc::ch03::validate_linear_fused(a.data, w.data, c.data, s, {c.data + 10, Activation::none, nullptr, false});
       },
       "epilogue.bias must not overlap c");
   const auto* odd = reinterpret_cast<const bf16*>(reinterpret_cast<const unsigned char*>(w.data) + 257);
   expect_invalid_argument(
       [&] {
-        kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, s, {odd, Activation::none, nullptr, false});
+        kc::ch03::validate_linear_fused(a.data, w.data, c.data, s, {odd, Activation::none, nullptr, false});
       },
       "epilogue.bias must be 2-byte aligned");
   expect_invalid_argument(
       [&] {
-        kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, s,
-                                              {nullptr, static_cast<Activation>(9), nullptr, false});
+        kc::ch03::validate_linear_fused(a.data, w.data, c.data, s,
+                                        {nullptr, static_cast<Activation>(9), nullptr, false});
       },
       "epilogue.activation (9) is not an Activation");
   // The GEMM's own rules still apply.
   expect_invalid_argument(
       [&] {
-        kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, {4, 4, 12}, {});
+        kc::ch03::validate_linear_fused(a.data, w.data, c.data, {4, 4, 12}, {});
       },
       "shape.k (12) must be a multiple of 8");
 }
@@ -179,23 +178,23 @@ TEST(FusedEpilogueArguments, SwigluRules) {
   const Epilogue swiglu{nullptr, Activation::silu, nullptr, true};
   expect_invalid_argument(
       [&] {
-        kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, {4, 5, 8}, swiglu);
+        kc::ch03::validate_linear_fused(a.data, w.data, c.data, {4, 5, 8}, swiglu);
       },
       "shape.n (5) must be even in SwiGLU mode");
   expect_invalid_argument(
       [&] {
-        kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, {4, 4, 8},
-                                              {nullptr, Activation::gelu_tanh, nullptr, true});
+        kc::ch03::validate_linear_fused(a.data, w.data, c.data, {4, 4, 8},
+                                        {nullptr, Activation::gelu_tanh, nullptr, true});
       },
       "epilogue.activation (gelu_tanh) must be silu in SwiGLU mode");
   expect_invalid_argument(
       [&] {
-        kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, {4, 4, 8},
-                                              {nullptr, Activation::silu, c.data + 64, true});
+        kc::ch03::validate_linear_fused(a.data, w.data, c.data, {4, 4, 8},
+                                        {nullptr, Activation::silu, c.data + 64, true});
       },
       "epilogue.residual must be null in SwiGLU mode");
   // c holds M × N/2: c right after N/2 columns' worth of a is fine, one element earlier is not.
-  EXPECT_NO_THROW(kc::ch02::validate_gemm_bf16_epilogue(a.data, w.data, c.data, {4, 8, 8}, swiglu));
+  EXPECT_NO_THROW(kc::ch03::validate_linear_fused(a.data, w.data, c.data, {4, 8, 8}, swiglu));
   expect_invalid_argument(
       [&] {
         kc::ch03::validate_linear_unfused(a.data, w.data, c.data, {4, 8, 8}, swiglu, nullptr);
@@ -230,8 +229,8 @@ TEST(FusedEpilogueArguments, LaunchesRejectBeforeAnyCudaCall) {
   expect_invalid_argument([&] { kc::ch03::silu_and_mul(c.data, c.data + 4, 2, 4); }, "out must not overlap gate_up");
   expect_invalid_argument(
       [&] {
-        kc::ch02::gemm_bf16_epilogue_with_tile(a.data, w.data, c.data, {4, 5, 8},
-                                               {nullptr, Activation::silu, nullptr, true}, GemmBf16Tile::small);
+        kc::ch03::linear_fused_with_tile(a.data, w.data, c.data, {4, 5, 8}, {nullptr, Activation::silu, nullptr, true},
+                                         GemmBf16Tile::small);
       },
       "shape.n (5) must be even");
 }
@@ -258,7 +257,7 @@ std::vector<double> widen(const std::vector<bf16>& v) { return kc::ref::widen(st
 
 std::string name_of(GemmShape s, bool bias, Activation act, bool residual) {
   return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + (bias ? "_bias_" : "_") +
-         kc::ch02::to_string(act) + (residual ? "_res" : "");
+         kc::ch03::to_string(act) + (residual ? "_res" : "");
 }
 
 enum class Path { fused, unfused };
@@ -302,7 +301,7 @@ void check_linear(const Problem& p, bool use_bias, Activation act, bool use_resi
   if (path == Path::unfused) {
     kc::ch03::linear_unfused(a.data(), w.data(), c.data(), s, e);
   } else if (tile != nullptr) {
-    kc::ch02::gemm_bf16_epilogue_with_tile(a.data(), w.data(), c.data(), s, e, *tile);
+    kc::ch03::linear_fused_with_tile(a.data(), w.data(), c.data(), s, e, *tile);
   } else {
     kc::ch03::linear_fused(a.data(), w.data(), c.data(), s, e);
   }
@@ -337,11 +336,8 @@ TEST_F(FusedEpilogueGpu, EveryOptionMatchesFp64) {
 // 4096² the large one; each must apply the epilogue at its own edges.
 TEST_F(FusedEpilogueGpu, EveryTile) {
   const std::uint64_t seed = kc::test::test_seed();
-  for (GemmBf16Tile tile :
-       {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow, GemmBf16Tile::small_deep,
-        GemmBf16Tile::narrow_deep, GemmBf16Tile::large_early_refill, GemmBf16Tile::medium_two_blocks,
-        GemmBf16Tile::large_register_store, GemmBf16Tile::small_unrotated, GemmBf16Tile::small_deep_unrotated,
-        GemmBf16Tile::narrow_deep_unrotated}) {
+  for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow,
+                            GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep}) {
     if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) continue;
     SCOPED_TRACE(kc::ch02::to_string(tile));
     for (GemmShape s : {GemmShape{33, 40, 56}, GemmShape{129, 257, 72}, GemmShape{300, 520, 200}}) {
@@ -394,13 +390,12 @@ TEST_F(FusedEpilogueGpu, ResidualMayBeCInPlace) {
     const std::vector<double> want = kc::ch03::linear_reference(widen(p.a), widen(p.w), widen(p.bias),
                                                                 widen(p.residual), Activation::gelu_erf, s.m, s.n, s.k);
     for (GemmBf16Tile tile : {GemmBf16Tile::large, GemmBf16Tile::medium, GemmBf16Tile::small, GemmBf16Tile::narrow,
-                              GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep, GemmBf16Tile::small_unrotated,
-                              GemmBf16Tile::small_deep_unrotated, GemmBf16Tile::narrow_deep_unrotated}) {
+                              GemmBf16Tile::small_deep, GemmBf16Tile::narrow_deep}) {
       if (!kc::ch02::gemm_bf16_tile_info(tile, device().smem_per_block_optin).fits) continue;
       SCOPED_TRACE(std::string(kc::ch02::to_string(tile)) + " n=" + std::to_string(n));
       kc::DeviceBuffer<bf16> a(p.a), w(p.w), bias(p.bias), c(p.residual);
-      kc::ch02::gemm_bf16_epilogue_with_tile(a.data(), w.data(), c.data(), s,
-                                             {bias.data(), Activation::gelu_erf, c.data(), false}, tile);
+      kc::ch03::linear_fused_with_tile(a.data(), w.data(), c.data(), s,
+                                       {bias.data(), Activation::gelu_erf, c.data(), false}, tile);
       kc::test::expect_close(kc::compare<bf16>(c.to_host(), want), kTolerance, "in place");
     }
   }

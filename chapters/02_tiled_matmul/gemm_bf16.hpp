@@ -30,10 +30,9 @@
 
 namespace kc::ch02 {
 
-/// The block tiles of the bf16 GEMM: large, medium, small and narrow, which choose_gemm_bf16_tile
-/// picks from, and tuning tiles that only gemm_bf16_with_tile runs (the benchmark's KC_TUNE sweep).
-/// K advances 64 at a time through a cp.async pipeline of several stages (each stage holds a
-/// 64-wide slice of A's and W's rows).
+/// The block tiles of the bf16 GEMM, which choose_gemm_bf16_tile picks from (gemm_bf16_tile.cuh
+/// holds their configurations). K advances 64 at a time through a cp.async pipeline of several
+/// stages (each stage holds a 64-wide slice of A's and W's rows).
 enum class GemmBf16Tile {
   /// 128×256, 8 warps of 64×64; 4 stages (192 KiB) where they fit (sm_90), else 3 (144 KiB, sm_80);
   /// C leaves through shared memory, a warp writing whole 256-byte rows (block::StagedStore)
@@ -50,27 +49,6 @@ enum class GemmBf16Tile {
   /// The narrow tile with 16 stages (192 KiB, sm_90): chosen instead of narrow when the GPU has the
   /// shared memory (the narrow tile's grid is always a single wave).
   narrow_deep,
-  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the large tile with the early-refill
-  /// schedule. Each slice's cp.async are issued right after the barrier and the next slice's first
-  /// ldmatrix, into the buffer every warp has just read, so that no ldmatrix waits behind them just
-  /// before its mma, and S slices (not S-1) are in flight. 4 stages (192 KiB) on sm_90, 3 (144 KiB)
-  /// on sm_80.
-  large_early_refill,
-  /// Tuning tile (never chosen by choose_gemm_bf16_tile): 128×128, 4 warps of 64×64 (the large
-  /// tile's warp tile), 3 stages (96 KiB), early refill: two blocks per SM on sm_90, so one block's
-  /// barriers, prologue and epilogue overlap the other's mma.
-  medium_two_blocks,
-  /// Tuning tile (never chosen by choose_gemm_bf16_tile): the large tile with C stored straight
-  /// from each thread's registers, as it was before the large tile's plain GEMM stored through
-  /// shared memory (block::StagedStore): a warp's store instruction writes 16 bytes in each of 8
-  /// rows of C, and a thread's 128 accumulators leave through a long unrolled store that runs once
-  /// per tile from a cold instruction cache; the benchmark's KC_TUNE rows measure the difference.
-  large_register_store,
-  /// Tuning tiles (never chosen by choose_gemm_bf16_tile): small, small_deep and narrow_deep
-  /// without the K rotation (every block walks K from slice 0), to measure what the rotation buys.
-  small_unrotated,
-  small_deep_unrotated,   ///< see small_unrotated
-  narrow_deep_unrotated,  ///< see small_unrotated
 };
 
 /// What one tile choice means on a given GPU.
@@ -88,7 +66,7 @@ struct GemmBf16TileInfo {
 /// memory (cudaDevAttrMaxSharedMemoryPerBlockOptin). Host-only, no CUDA call.
 GemmBf16TileInfo gemm_bf16_tile_info(GemmBf16Tile tile, std::size_t smem_per_block_optin);
 
-/// The tile gemm_bf16 uses (never a tuning tile): of large, medium and small, the largest one that
+/// The tile gemm_bf16 uses: of large, medium and small, the largest one that
 /// fits in shared memory and still gives every SM at least one block (grid >= @p sm_count); when
 /// none does (small M or N), the small tile if it still keeps at least half the SMs busy, else the
 /// narrow tile (twice the small tile's blocks). A small or narrow grid of at most @p sm_count
@@ -100,6 +78,11 @@ GemmBf16Tile choose_gemm_bf16_tile(GemmShape shape, int sm_count, std::size_t sm
 /// Checks the rules in this file's description; throws kc::InvalidArgument naming the first one
 /// broken, e.g. "shape.k (100) must be a multiple of 8 (16-byte rows for cp.async)". Host-only.
 void validate_gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape);
+
+/// validate_gemm_bf16 for a C of @p c_columns columns instead of N (an epilogue that makes fewer
+/// outputs than the GEMM has columns). Host-only.
+void validate_gemm_bf16_operands(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c,
+                                 GemmShape shape, std::int64_t c_columns);
 
 /// C = A · Wᵀ on @p stream with the tile choose_gemm_bf16_tile picks for this GPU.
 /// @param a [M, K] row-major, 16-byte aligned
@@ -121,9 +104,7 @@ void gemm_bf16(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
 void gemm_bf16_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                          GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
-/// The printable name of @p tile ("large", "medium", "small", "narrow", "small_deep", "narrow_deep",
-/// "large_early_refill", "medium_two_blocks", "large_register_store", "small_unrotated",
-/// "small_deep_unrotated", "narrow_deep_unrotated").
+/// The printable name of @p tile ("large", "medium", "small", "narrow", "small_deep", "narrow_deep").
 const char* to_string(GemmBf16Tile tile);
 
 /// The mma.sync peak microbenchmark: every warp issues back-to-back mma.sync m16n8k16 bf16 on

@@ -5,7 +5,7 @@
 ///
 /// They are inline PTX because CUDA C++ has no plain function for them that a learner can read
 /// line by line (the WMMA API hides the fragment layout this chapter teaches). Every wrapper runs on
-/// sm_80 and later, Hopper included. Chapters 3, 5 and 6 reuse them.
+/// sm_80 and later, Hopper included. This file is the only place they are written.
 #pragma once
 
 #include <cuda_bf16.h>

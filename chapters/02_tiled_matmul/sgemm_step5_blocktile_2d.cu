@@ -58,14 +58,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   float b_frag[kTN];
   for (std::int64_t k0 = 0; k0 < k; k0 += kBK) {
     // Outside A or B: store 0, so that a padded p adds exactly 0 (see step 3).
+    // exercise 1: Copy this thread's 4 elements of A's tile: for l in [0, kALoads),
+    // exercise 1: a_tile[a_r][a_p + l] gets a_src[l], or 0.0f when its row is past M (a_row_inside)
+    // exercise 1: or its column k0 + a_p + l is past K. The multiply-add loop runs over every p
+    // exercise 1: unchecked: a padded p must add exactly 0.
+    // stub: (void)a_src;
+    // stub: (void)a_row_inside;
 #pragma unroll
     for (int l = 0; l < kALoads; ++l) {
       a_tile[a_r][a_p + l] = (a_row_inside && k0 + a_p + l < k) ? a_src[l] : 0.0f;
     }
+    // end exercise 1
+    // exercise 2: The same for B's tile: b_tile[b_p][b_c + l] gets b_src[l], or 0.0f when column
+    // exercise 2: b_c + l is past N (l < b_cols_inside tells) or row k0 + b_p is past K.
+    // stub: (void)b_src;
+    // stub: (void)b_cols_inside;
 #pragma unroll
     for (int l = 0; l < kBLoads; ++l) {
       b_tile[b_p][b_c + l] = (l < b_cols_inside && k0 + b_p < k) ? b_src[l] : 0.0f;
     }
+    // end exercise 2
     a_src += kBK;
     b_src += kBK * n;
     __syncthreads();
@@ -73,15 +85,29 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int p = 0; p < kBK; ++p) {
       // 8 + 8 values into registers, then the outer product: each value is used 8 times.
+      // exercise 3: Load this thread's 8 values of A's tile at column p into a_frag (rows
+      // exercise 3: thread_row * kTM + i) and its 8 values of B's tile at row p into b_frag (columns
+      // exercise 3: thread_col * kTN + j). Hint: two short loops of plain assignments.
+      // stub: (void)a_tile[0][0];
+      // stub: (void)b_tile[0][0];
 #pragma unroll
       for (int i = 0; i < kTM; ++i) a_frag[i] = a_tile[thread_row * kTM + i][p];
 #pragma unroll
-      for (int j = 0; j < kTN; ++j) b_frag[j] = b_tile[p][thread_col * kTN + j];
+      for (int j = 0; j < kTN; ++j) {
+        b_frag[j] = b_tile[p][thread_col * kTN + j];
+      }
+      // end exercise 3
+      // exercise 4: The outer product: for every i < kTM and j < kTN,
+      // exercise 4: acc[i][j] += a_frag[i] * b_frag[j]. Use nested loops with #pragma unroll, so
+      // exercise 4: that acc, a_frag and b_frag stay in registers.
+      // stub: (void)a_frag[0];
+      // stub: (void)b_frag[0];
 #pragma unroll
       for (int i = 0; i < kTM; ++i) {
 #pragma unroll
         for (int j = 0; j < kTN; ++j) acc[i][j] += a_frag[i] * b_frag[j];
       }
+      // end exercise 4
     }
     __syncthreads();
   }

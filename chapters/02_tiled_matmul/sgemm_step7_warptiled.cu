@@ -26,8 +26,8 @@
 //      per 4): in the compiled loop (exact loads) 1024 of 1129 instructions are FMAs, 91 %. The
 //      price: ~225 registers per lane, so 2 blocks of 128 threads (8 warps) per SM; with 128
 //      independent sums per lane that still keeps the FMA pipes busy.
-//      Two things the source does not show decide the last few per cent (docs/notes/ch02.md,
-//      Session 25), and both only show in the compiled loop and in a measurement:
+//      Two things the source does not show decide the last few per cent, and both only show in
+//      the compiled loop and in a measurement:
 //      - the order of the FMAs (FmaOrder above): at BK = 8 column by column is 2 % faster than row
 //        by row, at BK = 16 (k128x128x16_w64x64, the former default, 2048 of 2227 FMAs) it is the
 //        other way round, and the best of either BK was the BK = 8 column order;
@@ -67,8 +67,8 @@ enum class Loads { scalar, vector, exact };
 //   by_rows:    acc[0][0..kTN), acc[1][0..kTN), ...: one A value meets every B value in turn.
 //   by_columns: acc[0..kTM)[0], acc[0..kTM)[1], ...: one B value meets every A value in turn.
 // Nothing in the source says which is faster for a tile; the compiled loop does, and only a
-// measurement tells (docs/notes/ch02.md, Session 25: by_columns is 2 % faster at BK = 8 and 1.7 %
-// slower at BK = 16, with the same 128 x 128 block and 64 x 64 warps).
+// measurement tells (by_columns is 2 % faster at BK = 8 and 1.7 % slower at BK = 16, with the same
+// 128 x 128 block and 64 x 64 warps).
 enum class FmaOrder { by_rows, by_columns };
 
 // BM x BN block tile, BK step along K, WM x WN warp tile; kMinBlocks per SM for
@@ -208,8 +208,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32, kMinBlocks)
     // Every output exists and C is 16-byte aligned (launch() checks both): no masks. The masks of
     // the general store below run once, after the loop, yet they changed the loop: with them
     // ptxas gave the default tile 232 registers instead of 224 and a different K loop, and its
-    // GEMM took 4 % longer at 4096^3. Not a rule: the 128 x 256 tile got slower without them
-    // (docs/notes/ch02.md, Session 25, measures every tile).
+    // GEMM took 4 % longer at 4096^3. Not a rule: the 128 x 256 tile got slower without them.
     static_cast<void>(c_aligned);
 #pragma unroll
     for (int i = 0; i < kTM; ++i) {

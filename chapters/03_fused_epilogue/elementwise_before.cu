@@ -49,12 +49,16 @@ __global__ void bias_activation_kernel(bf16* __restrict__ c, const bf16* __restr
       for (int p = 0; p < 4; ++p) {
         const float2 x = __bfloat1622float2(v.pair[p]);
         const float2 y = __bfloat1622float2(b.pair[p]);
-        v.pair[p] = __floats2bfloat162_rn(ch02::activate(x.x + y.x, activation), ch02::activate(x.y + y.y, activation));
+        // exercise 1: Add the bias pair y to x and apply the activation to each half (activate).
+        // stub: v.pair[p] = __floats2bfloat162_rn(x.x, x.y);
+        // stub: (void)y;
+        v.pair[p] = __floats2bfloat162_rn(activate(x.x + y.x, activation), activate(x.y + y.y, activation));
+        // end exercise 1
       }
       store8(c + i, v);
     } else {
       const float b = bias != nullptr ? __bfloat162float(bias[col]) : 0.0f;
-      c[i] = __float2bfloat16_rn(ch02::activate(__bfloat162float(c[i]) + b, activation));
+      c[i] = __float2bfloat16_rn(activate(__bfloat162float(c[i]) + b, activation));
     }
   }
 }
@@ -70,7 +74,12 @@ __global__ void add_residual_kernel(bf16* c, const bf16* residual, std::int64_t 
       Pack8 v = load8(c + i);
       const Pack8 r = load8(residual + i);
 #pragma unroll
-      for (int p = 0; p < 4; ++p) v.pair[p] = __hadd2(v.pair[p], r.pair[p]);  // one rounding, as fp32 then bf16
+      for (int p = 0; p < 4; ++p) {
+        // exercise 2: Add the residual pair to the pair of c, do not replace it (__hadd2).
+        // stub: v.pair[p] = r.pair[p];
+        v.pair[p] = __hadd2(v.pair[p], r.pair[p]);  // one rounding, as fp32 then bf16
+        // end exercise 2
+      }
       store8(c + i, v);
     } else {
       c[i] = __hadd(c[i], residual[i]);
@@ -96,11 +105,14 @@ __global__ void silu_and_mul_kernel(const bf16* __restrict__ gate_up, bf16* __re
       for (int p = 0; p < 4; ++p) {
         const float2 x = __bfloat1622float2(g.pair[p]);
         const float2 y = __bfloat1622float2(u.pair[p]);
-        v.pair[p] = __floats2bfloat162_rn(ch02::silu(x.x) * y.x, ch02::silu(x.y) * y.y);
+        // exercise 3: silu(gate) * up for both halves of the pair (x holds the gates, y the ups).
+        // stub: v.pair[p] = __floats2bfloat162_rn(x.x * y.x, x.y * y.y);
+        v.pair[p] = __floats2bfloat162_rn(silu(x.x) * y.x, silu(x.y) * y.y);
+        // end exercise 3
       }
       store8(out + i, v);
     } else {
-      out[i] = __float2bfloat16_rn(ch02::silu(__bfloat162float(gate[0])) * __bfloat162float(gate[n_out]));
+      out[i] = __float2bfloat16_rn(silu(__bfloat162float(gate[0])) * __bfloat162float(gate[n_out]));
     }
   }
 }

@@ -1,6 +1,5 @@
-// The chapter's launch functions (before and after) and its host-side rules and arithmetic. No
-// kernel lives here: the fused kernel is Chapter 2's GEMM with an epilogue (gemm_bf16_mma.cu), the
-// unfused passes are in elementwise_before.cu.
+// Before (unfused): Chapter 2's GEMM, then the elementwise passes of elementwise_before.cu; and the
+// chapter's host-side arithmetic. The fused path (after) is fused_gemm.cu.
 #include "fused_epilogue.hpp"
 
 #include <cstdint>
@@ -8,28 +7,14 @@
 
 #include "gemm_bf16.hpp"
 #include "kc/check.hpp"
+#include "kc/validate.hpp"
 
 namespace kc::ch03 {
-
-namespace {
-
-bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t y_bytes) {
-  const auto xs = reinterpret_cast<std::uintptr_t>(x);
-  const auto ys = reinterpret_cast<std::uintptr_t>(y);
-  return xs < ys + y_bytes && ys < xs + x_bytes;
-}
-
-}  // namespace
-
-void linear_fused(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
-                  const Epilogue& epilogue, cudaStream_t stream) {
-  ch02::gemm_bf16_epilogue(a, w, c, shape, epilogue, stream);
-}
 
 void validate_linear_unfused(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                              const Epilogue& epilogue, const __nv_bfloat16* scratch) {
   // The same rules as the fused path: the two must accept exactly the same calls.
-  ch02::validate_gemm_bf16_epilogue(a, w, c, shape, epilogue);
+  validate_linear_fused(a, w, c, shape, epilogue);
   // The residual is read after the GEMM has written c, so residual == c would add the product to
   // itself. The fused kernel reads each residual element before storing it and allows it.
   if (epilogue.residual != nullptr && epilogue.residual == c) {
@@ -37,7 +22,7 @@ void validate_linear_unfused(const __nv_bfloat16* a, const __nv_bfloat16* w, __n
   }
   if (!epilogue.swiglu) return;
   if (scratch == nullptr) throw InvalidArgument("scratch must not be null in SwiGLU mode (the GEMM's [M, N] output)");
-  if (reinterpret_cast<std::uintptr_t>(scratch) % 16 != 0) throw InvalidArgument("scratch must be 16-byte aligned");
+  if (!aligned_to(scratch, 16)) throw InvalidArgument("scratch must be 16-byte aligned");
   const std::uint64_t bf16 = sizeof(__nv_bfloat16);
   const auto m = static_cast<std::uint64_t>(shape.m), n = static_cast<std::uint64_t>(shape.n);
   const auto k = static_cast<std::uint64_t>(shape.k);

@@ -12,8 +12,15 @@
 /// (row 2j gate j, row 2j+1 up j), so that gate j and up j land in the same thread's registers.
 /// interleave_gate_up converts once, when the weights are loaded.
 ///
-/// Rules: those of kc::ch02::validate_gemm_bf16_epilogue (residual may be c itself or must not
-/// overlap it; bias must not overlap c; SwiGLU needs N even and silu), plus, for the unfused path,
+/// Rules of the fused path (validate_linear_fused; checked before any CUDA call, kc::InvalidArgument
+/// names the broken one), on top of Chapter 2's kc::ch02::validate_gemm_bf16:
+///   - bias, when given, holds N elements, 2-byte aligned, and does not overlap c (other blocks
+///     still read it while c is written);
+///   - residual, when given, is [M, N] like c and either *is* c (same pointer: every element is read
+///     and then written by the same thread, so `c += f(x)` in place is safe) or does not overlap it
+///     at all (a shifted overlap would let one thread read what another already wrote);
+///   - swiglu: N even, activation silu, no residual, bias 4-byte aligned; c holds M × N/2 elements.
+/// The unfused path adds
 /// a scratch buffer for SwiGLU's [M, N] GEMM output, and residual != c (the unfused GEMM overwrites
 /// c before the residual pass could read it; only the fused kernel can add c to itself in place). All launches validate
 /// first, neither allocate nor synchronise (CUDA-graph capturable), and check the launch error.
@@ -28,20 +35,51 @@
 #include <string>
 #include <vector>
 
-#include "gemm_bf16_epilogue.hpp"
+#include "gemm_bf16.hpp"
 #include "gemm_shape.hpp"
+#include "kc/check.hpp"
 
 namespace kc::ch03 {
 
-using ch02::Activation;
+using ch02::GemmBf16Tile;
 using ch02::GemmShape;
-/// Bias, activation, residual and SwiGLU mode (Chapter 2's epilogue parameters).
-using Epilogue = ch02::GemmBf16Epilogue;
+
+/// The activation an epilogue applies (to every output, or to the gate in SwiGLU mode).
+enum class Activation {
+  none,       ///< identity
+  relu,       ///< max(x, 0)
+  gelu_erf,   ///< x · Φ(x) = 0.5 · x · (1 + erf(x / √2)), PyTorch's gelu(approximate="none")
+  gelu_tanh,  ///< 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))), PyTorch's gelu(approximate="tanh")
+  silu,       ///< x · sigmoid(x) = x / (1 + e^-x), also called swish
+};
+
+/// The printable name of @p activation ("none", "relu", "gelu_erf", "gelu_tanh", "silu").
+const char* to_string(Activation activation);
+
+/// What the epilogue does: out = act(acc + bias) + residual, or, in SwiGLU mode (W holds the gate
+/// and up rows of an MoE expert interleaved: row 2j gate j, row 2j+1 up j),
+/// out[m, j] = silu(acc[m, 2j] + bias[2j]) · (acc[m, 2j+1] + bias[2j+1]), with C [M, N/2]. The
+/// default (all null, none, false) is the plain GEMM.
+struct Epilogue {
+  const __nv_bfloat16* bias = nullptr;       ///< [N], added before the activation; null for none
+  Activation activation = Activation::none;  ///< applied after the bias (to the gate in SwiGLU mode)
+  const __nv_bfloat16* residual = nullptr;   ///< [M, N] added after the activation; null for none; may be c
+  bool swiglu = false;                       ///< W rows interleaved gate/up; c is [M, N/2] = silu(gate)·up
+};
+
+/// Number of output columns: N, or N/2 in SwiGLU mode. Does not validate.
+inline std::int64_t epilogue_output_columns(GemmShape shape, const Epilogue& epilogue) {
+  return epilogue.swiglu ? shape.n / 2 : shape.n;
+}
 
 // ------------------------------------------------------------------------------------ after (fused)
 
-/// After: one GEMM whose epilogue applies bias, activation and residual (or SwiGLU) in registers
-/// before the single store (kc::ch02::gemm_bf16_epilogue).
+/// Checks the fused path's rules (this file's description). Host-only.
+void validate_linear_fused(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape,
+                           const Epilogue& epilogue);
+
+/// After: one GEMM whose epilogue applies bias, activation and residual (or SwiGLU) before the
+/// single store (fused_gemm.cu), with the tile kc::ch02::choose_gemm_bf16_tile picks.
 /// @param a [M, K] row-major, 16-byte aligned
 /// @param w [N, K] row-major, 16-byte aligned; gate/up rows interleaved in SwiGLU mode
 /// @param c [M, N] output ([M, N/2] in SwiGLU mode); may be epilogue.residual
@@ -50,6 +88,18 @@ using Epilogue = ch02::GemmBf16Epilogue;
 /// @param stream the stream to enqueue on
 void linear_fused(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
                   const Epilogue& epilogue, cudaStream_t stream = nullptr);
+
+/// linear_fused with the tile chosen by the caller (tests: every tile must work). Throws
+/// kc::InvalidArgument when @p tile does not fit this GPU's shared memory.
+/// @param a [M, K] row-major, 16-byte aligned
+/// @param w [N, K] row-major, 16-byte aligned; gate/up rows interleaved in SwiGLU mode
+/// @param c [M, N] output ([M, N/2] in SwiGLU mode); may be epilogue.residual
+/// @param shape M, N, K of the GEMM
+/// @param epilogue what to apply
+/// @param tile the block tile to use
+/// @param stream the stream to enqueue on
+void linear_fused_with_tile(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c, GemmShape shape,
+                            const Epilogue& epilogue, GemmBf16Tile tile, cudaStream_t stream = nullptr);
 
 // ---------------------------------------------------------------------------------- before (unfused)
 

@@ -15,7 +15,8 @@
 // Chapter 6 removes them with a persistent grid that loops over tiles.
 #include <string>
 
-#include "gemm_bf16_block.cuh"
+#include "gemm_bf16_mainloop.cuh"
+#include "gemm_bf16_store.cuh"
 #include "grouped_gemm.hpp"
 #include "kc/check.hpp"
 #include "kc/device_info.hpp"

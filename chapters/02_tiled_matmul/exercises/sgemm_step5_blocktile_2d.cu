@@ -1,17 +1,25 @@
-// EXERCISE (Chapter 2): finish step 5, the 2D register-blocked SGEMM.
+// EXERCISE: sgemm_step5_blocktile_2d.cu with its key lines replaced by TODOs. Fill them in here.
+// Generated from ../sgemm_step5_blocktile_2d.cu by tools/exercises.py (do not edit the solution's copy).
+// Build and test this file in place of the solution:
+//   cmake --preset exercises && cmake --build --preset exercises && ctest --preset exercises -L ch02
+// Until every TODO is done the chapter's tests fail; the lesson (README.md) explains the solution.
+
+// Step 5, 2D register blocking: each thread computes an 8 x 8 tile of C, an outer product of 8
+// values of A and 8 values of B at every step along K.
 //
-// This file replaces sgemm_step5_blocktile_2d.cu when you configure with -DKC_EXERCISES=ON
-// (`cmake --workflow --preset exercises` or `cmake --preset exercises`). The chapter's tests then
-// run against your code:  ctest --preset exercises -L ch02
-// Fill in the four TODOs. Until you do, the tests of step5_blocktile_2d fail (that is the point).
-// Hints are next to each TODO; the lesson (README.md) walks through the solution, and steps 4 and
-// 6 (sgemm_step4_blocktile_1d.cu, sgemm_step6_vectorized.cu) do the same things in other ways.
+// What changed vs step 4: a block covers 128 x 128 of C with 256 threads (16 x 16), each owning
+// 8 rows x 8 columns. At every p a thread loads 8 floats of A's tile and 8 of B's into registers
+// (a_frag, b_frag) and does all 8 x 8 = 64 multiply-adds between them: 16 floats read from shared
+// memory feed 64 multiply-adds, where step 4 needed 9 for 8. The 64 sums live in registers.
 //
-// The idea: each of the 256 threads computes an 8 x 8 tile of C. At every step along K the block
-// copies a 128 x 8 tile of A and an 8 x 128 tile of B into shared memory (TODO 1 and 2); then at
-// each p every thread loads 8 values of A's tile (its 8 rows, column p) and 8 of B's (row p, its
-// 8 columns) into registers (TODO 3) and does all 8 x 8 multiply-adds between them (TODO 4): 16
-// floats from shared memory feed 64 FMAs.
+// Arithmetic intensity: against global memory the 128 x 128 tile gives 128 * 128 / (2 * 256) = 32
+// FLOP per byte (step 4: 16), so each byte fetched from L2 feeds 32 FLOP. Against shared memory a
+// thread loads 16 floats per 64 multiply-adds: 0.5 bytes per FLOP (step 4: 2.25).
+// What is left: the global loads are 4-byte instructions (8 per thread and tile). nvcc already
+// merges the shared reads into 16-byte ones (the SASS shows 32 LDS.128 per 512 FFMA), but it reads
+// A's tile along p, 4 values of p for each of a thread's 8 rows, which costs 32 registers; and the
+// reads collide in banks: a warp's two thread rows read A's tile 64 floats apart (the same banks,
+// 2 passes), and its 16 thread columns read B's tile in 16-byte pieces 32 bytes apart (4 passes).
 #include "kc/check.hpp"
 #include "sgemm_steps.cuh"
 
@@ -55,13 +63,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   float a_frag[kTM];
   float b_frag[kTN];
   for (std::int64_t k0 = 0; k0 < k; k0 += kBK) {
-    // TODO 1: copy this thread's 4 elements of A's tile: for l in [0, kALoads), a_tile[a_r][a_p + l]
-    // gets a_src[l], or 0.0f when that element lies outside A: its row is past M (a_row_inside
-    // tells) or its column k0 + a_p + l is past K. Why 0 and not "skip it"? The multiply-add loop
-    // below runs over all kBK values of p without checks; a padded p must add exactly 0.
-    (void)a_src;  // the (void) lines only keep the compiler quiet: delete them
+    // Outside A or B: store 0, so that a padded p adds exactly 0 (see step 3).
+    // TODO 1: Copy this thread's 4 elements of A's tile: for l in [0, kALoads),
+    // a_tile[a_r][a_p + l] gets a_src[l], or 0.0f when its row is past M (a_row_inside)
+    // or its column k0 + a_p + l is past K. The multiply-add loop runs over every p
+    // unchecked: a padded p must add exactly 0.
+    (void)a_src;
     (void)a_row_inside;
-    // TODO 2: the same for B's tile: b_tile[b_p][b_c + l] gets b_src[l], or 0.0f when column
+    // TODO 2: The same for B's tile: b_tile[b_p][b_c + l] gets b_src[l], or 0.0f when column
     // b_c + l is past N (l < b_cols_inside tells) or row k0 + b_p is past K.
     (void)b_src;
     (void)b_cols_inside;
@@ -71,15 +80,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 #pragma unroll
     for (int p = 0; p < kBK; ++p) {
-      // TODO 3: load this thread's 8 values of A's tile at column p into a_frag (rows
+      // 8 + 8 values into registers, then the outer product: each value is used 8 times.
+      // TODO 3: Load this thread's 8 values of A's tile at column p into a_frag (rows
       // thread_row * kTM + i) and its 8 values of B's tile at row p into b_frag (columns
       // thread_col * kTN + j). Hint: two short loops of plain assignments.
-      (void)a_tile[0][0];  // the (void) lines only keep the compiler quiet: delete them
+      (void)a_tile[0][0];
       (void)b_tile[0][0];
-      // TODO 4: the outer product: for every i < kTM and j < kTN, acc[i][j] += a_frag[i] * b_frag[j].
-      // Each loaded value is used 8 times: that reuse is what this step is about. Hint: nested
-      // loops with #pragma unroll, so that acc, a_frag and b_frag stay in registers (an array
-      // indexed by a counter the compiler cannot unroll lands in local memory).
+      // TODO 4: The outer product: for every i < kTM and j < kTN,
+      // acc[i][j] += a_frag[i] * b_frag[j]. Use nested loops with #pragma unroll, so
+      // that acc, a_frag and b_frag stay in registers.
       (void)a_frag[0];
       (void)b_frag[0];
     }

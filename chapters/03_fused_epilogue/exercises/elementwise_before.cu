@@ -1,5 +1,9 @@
-// EXERCISE (Chapter 3): fill in the TODOs; `ctest -L ch03` in the exercises preset checks them.
-//
+// EXERCISE: elementwise_before.cu with its key lines replaced by TODOs. Fill them in here.
+// Generated from ../elementwise_before.cu by tools/exercises.py (do not edit the solution's copy).
+// Build and test this file in place of the solution:
+//   cmake --preset exercises && cmake --build --preset exercises && ctest --preset exercises -L ch03
+// Until every TODO is done the chapter's tests fail; the lesson (README.md) explains the solution.
+
 // Before: the elementwise passes that follow a plain GEMM when nothing is fused.
 //
 // They are meant to be fair, not strawmen: each thread moves 16 bytes (8 bf16) per load and store,
@@ -51,14 +55,14 @@ __global__ void bias_activation_kernel(bf16* __restrict__ c, const bf16* __restr
       for (int p = 0; p < 4; ++p) {
         const float2 x = __bfloat1622float2(v.pair[p]);
         const float2 y = __bfloat1622float2(b.pair[p]);
-        // TODO: add the bias pair y to x and apply the activation to each half (ch02::activate).
+        // TODO 1: Add the bias pair y to x and apply the activation to each half (activate).
         v.pair[p] = __floats2bfloat162_rn(x.x, x.y);
         (void)y;
       }
       store8(c + i, v);
     } else {
       const float b = bias != nullptr ? __bfloat162float(bias[col]) : 0.0f;
-      c[i] = __float2bfloat16_rn(ch02::activate(__bfloat162float(c[i]) + b, activation));
+      c[i] = __float2bfloat16_rn(activate(__bfloat162float(c[i]) + b, activation));
     }
   }
 }
@@ -74,7 +78,10 @@ __global__ void add_residual_kernel(bf16* c, const bf16* residual, std::int64_t 
       Pack8 v = load8(c + i);
       const Pack8 r = load8(residual + i);
 #pragma unroll
-      for (int p = 0; p < 4; ++p) v.pair[p] = r.pair[p];  // TODO: add, do not replace (__hadd2)
+      for (int p = 0; p < 4; ++p) {
+        // TODO 2: Add the residual pair to the pair of c, do not replace it (__hadd2).
+        v.pair[p] = r.pair[p];
+      }
       store8(c + i, v);
     } else {
       c[i] = __hadd(c[i], residual[i]);
@@ -100,12 +107,12 @@ __global__ void silu_and_mul_kernel(const bf16* __restrict__ gate_up, bf16* __re
       for (int p = 0; p < 4; ++p) {
         const float2 x = __bfloat1622float2(g.pair[p]);
         const float2 y = __bfloat1622float2(u.pair[p]);
-        // TODO: silu(gate) * up for both halves of the pair.
+        // TODO 3: silu(gate) * up for both halves of the pair (x holds the gates, y the ups).
         v.pair[p] = __floats2bfloat162_rn(x.x * y.x, x.y * y.y);
       }
       store8(out + i, v);
     } else {
-      out[i] = __float2bfloat16_rn(ch02::silu(__bfloat162float(gate[0])) * __bfloat162float(gate[n_out]));
+      out[i] = __float2bfloat16_rn(silu(__bfloat162float(gate[0])) * __bfloat162float(gate[n_out]));
     }
   }
 }

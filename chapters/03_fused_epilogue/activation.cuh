@@ -1,16 +1,16 @@
 /// @file activation.cuh
 /// @brief The activations of the fused epilogue, in fp32, callable on the host and the device, so
-/// that the fused kernel, Chapter 3's separate elementwise kernels and the CPU tests share one
-/// definition (the fused and unfused paths then differ only by where they round to bf16).
+/// that the fused kernel, the separate elementwise kernels and the CPU tests share one definition
+/// (the fused and unfused paths then differ only by where they round to bf16).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 
-#include "gemm_bf16_epilogue.hpp"
+#include "fused_epilogue.hpp"
 
-namespace kc::ch02 {
+namespace kc::ch03 {
 
 /// SiLU, x · sigmoid(x). Written as x / (1 + e^-x): for very negative x, e^-x overflows to +inf
 /// and the quotient is -0, the right limit, instead of the NaN that x · (1 / (1 + inf)) · ... risks.
@@ -55,4 +55,4 @@ __host__ __device__ inline float activate(float x, Activation activation) {
   return x;
 }
 
-}  // namespace kc::ch02
+}  // namespace kc::ch03
