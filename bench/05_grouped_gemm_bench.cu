@@ -9,9 +9,10 @@
 //   DeepSeek-V3 down (N = 7168, K = 2048): G8xM4096.
 //   Mixtral up (N = 28672, K = 4096, 235 MB of weights per expert): G8xM4096, the L2 lesson.
 // Variants: before (a host loop of Chapter 2's GEMM, 128 × 128 tile, one launch per non-empty
-// expert), step1_one_launch_rowmajor, after (one launch, grouped order, group_m 8),
-// step2_one_launch_wide_tile (the same with Chapter 2's 128 × 256 tile, where it fits),
-// vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx).
+// expert), step1_one_launch_rowmajor (one launch, 128 × 128 tile, row-major order),
+// step2_one_launch_grouped (the same in the grouped order, group_m 8), after (grouped order on
+// Chapter 2's 128 × 256 tile, where it fits), vendor_cublas_loop (cublasGemmEx per expert),
+// vendor_cublas_grouped (cublasGemmGroupedBatchedEx).
 // pytorch (torch._grouped_mm) comes from tools/pytorch_baselines.py.
 //
 // The loop and cuBLAS variants need the group sizes on the host: the benchmark copies the device
@@ -23,17 +24,12 @@
 // 60 MB L2 (470 MB to 15 GB), so one input set is enough: nothing survives in L2 between launches.
 // Launches take milliseconds: one launch per event pair.
 //
-// KC_TUNE=1 registers the tuning rows instead (for docs/notes, not the results tables): the one
-// launch on both tiles with C stored from registers and through shared memory (CStore), beside
-// the cuBLAS loop, in one process with interleaved repetitions.
-//
-// Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 40 benchmarks
+// Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 48 benchmarks
 // × 5 repetitions × ~0.3 s (MinTime 0.2 s of launches of 1-20 ms) ≈ 60 s, plus set-up (allocating
 // and filling up to 15 GB of weights per benchmark, ~0.1 s) ≈ 20 s: about 80 s in all.
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -59,25 +55,9 @@ struct Case {
   std::vector<std::int32_t> sizes;
 };
 
-enum class Variant {
-  before,
-  one_launch_row_major,
-  one_launch_grouped,
-  one_launch_wide,
-  one_launch_staged,          // tuning: `after` with C through shared memory
-  one_launch_wide_registers,  // tuning: the wide tile with C from registers
-  cublas_loop,
-  cublas_grouped
-};
+enum class Variant { before, one_launch_row_major, one_launch_grouped, one_launch_wide, cublas_loop, cublas_grouped };
 
-bool is_wide(Variant v) { return v == Variant::one_launch_wide || v == Variant::one_launch_wide_registers; }
-
-// Each tile's default store but on the two tuning variants that ask for the other one.
-kc::ch05::CStore c_store_of(Variant v) {
-  if (v == Variant::one_launch_staged) return kc::ch05::CStore::through_shared_memory;
-  if (v == Variant::one_launch_wide_registers) return kc::ch05::CStore::from_registers;
-  return kc::ch05::CStore::tile_default;
-}
+bool is_wide(Variant v) { return v == Variant::one_launch_wide; }
 
 void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
@@ -104,14 +84,11 @@ void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
       case Variant::before: kc::ch05::grouped_gemm_loop(s, a.data(), w.data(), c.data(), host_offsets, stream); break;
       case Variant::one_launch_row_major:
       case Variant::one_launch_grouped:
-      case Variant::one_launch_wide:
-      case Variant::one_launch_staged:
-      case Variant::one_launch_wide_registers: {
+      case Variant::one_launch_wide: {
         const kc::ch05::GroupedGemmOptions options{
             variant == Variant::one_launch_row_major ? kc::ch05::TileOrder::row_major : kc::ch05::TileOrder::grouped,
             kc::ch05::kDefaultGroupM,
-            is_wide(variant) ? kc::ch05::GroupedTile::wide_128x256 : kc::ch05::GroupedTile::square_128x128,
-            c_store_of(variant)};
+            is_wide(variant) ? kc::ch05::GroupedTile::wide_128x256 : kc::ch05::GroupedTile::square_128x128};
         kc::ch05::grouped_gemm(s, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                                options, stream);
         break;
@@ -191,23 +168,7 @@ void register_variants(const kc::DeviceInfo& device, const std::vector<Case>& al
   }
 }
 
-// KC_TUNE=1: each tile with its default store and with the other one, on the DeepSeek-V3 cases.
-void register_tuning(const kc::DeviceInfo& device) {
-  const std::vector<Case> all = {uniform_case(8, 4096, 4096, 7168), uniform_case(32, 256, 4096, 7168),
-                                 uniform_case(256, 128, 4096, 7168), uniform_case(8, 4096, 7168, 2048)};
-  register_variants(device, all,
-                    {{"tune_after", Variant::one_launch_grouped},
-                     {"tune_after_staged_store", Variant::one_launch_staged},
-                     {"tune_wide_tile", Variant::one_launch_wide},
-                     {"tune_wide_tile_register_store", Variant::one_launch_wide_registers},
-                     {"tune_vendor_cublas_loop", Variant::cublas_loop}});
-}
-
 void register_benchmarks(const kc::DeviceInfo& device) {
-  if (const char* tune = std::getenv("KC_TUNE"); tune != nullptr && *tune == '1') {
-    register_tuning(device);
-    return;
-  }
   const std::vector<Case> all = cases();
   std::vector<std::string> labels;
   for (const Case& cs : all) labels.push_back(cs.label);
@@ -215,8 +176,8 @@ void register_benchmarks(const kc::DeviceInfo& device) {
   register_variants(device, all,
                     {{"before", Variant::before},
                      {"step1_one_launch_rowmajor", Variant::one_launch_row_major},
-                     {"after", Variant::one_launch_grouped},
-                     {"step2_one_launch_wide_tile", Variant::one_launch_wide},
+                     {"step2_one_launch_grouped", Variant::one_launch_grouped},
+                     {"after", Variant::one_launch_wide},
                      {"vendor_cublas_loop", Variant::cublas_loop},
                      {"vendor_cublas_grouped", Variant::cublas_grouped}});
 }

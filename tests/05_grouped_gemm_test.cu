@@ -33,15 +33,7 @@
 
 namespace {
 
-using kc::test::grouped::expect_matches_fp64;
-using kc::test::grouped::HostBuffer;
-using kc::test::grouped::kTolerance;
-using kc::test::grouped::Problem;
-using kc::test::grouped::random_problem;
-using kc::test::grouped::random_sizes;
-
-using bf16 = __nv_bfloat16;
-using kc::ch05::CStore;
+using namespace kc::test::grouped;  // the problems, sizes and checks Chapters 5 and 6 share
 using kc::ch05::GroupedGemmOptions;
 using kc::ch05::GroupedGemmShape;
 using kc::ch05::GroupedTile;
@@ -316,7 +308,7 @@ TEST(GroupedArguments, Rules) {
   bad({4, 0, 8, 8}, "shape.n (0) must be in [1, 2^31 - 1]");
   bad({0x7FFFFFFF, 0x7FFFFFFF, 8, 8}, "must be at most 2^31 - 1 blocks");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(ok, nullptr, w.data, c.data, offsets); },
-                          "a must not be null");
+                          "a must not be null when shape.m_total > 0");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(ok, a.data + 1, w.data, c.data, offsets); },
                           "a must be 16-byte aligned");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(ok, a.data, w.data, c.data, nullptr); },
@@ -346,12 +338,6 @@ TEST(GroupedArguments, Rules) {
                                                 workspace, bytes);
       },
       "options.tile (5) is not a GroupedTile");
-  expect_invalid_argument(
-      [&] {
-        kc::ch05::validate_grouped_gemm_options(
-            ok, c.data, {TileOrder::grouped, 8, GroupedTile::square_128x128, static_cast<CStore>(3)}, workspace, bytes);
-      },
-      "options.c_store (3) is not a CStore");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm_options(ok, c.data, {}, nullptr, bytes); },
                           "workspace must not be null");
   // Host offsets of the loop.
@@ -369,22 +355,29 @@ TEST(GroupedArguments, Rules) {
                           "host_offsets[E] (5) must be <= shape.m_total (4)");
 }
 
-// Launch functions validate before any CUDA call: without a GPU they throw InvalidArgument.
-// Each tile stores as Chapter 2 stores it unless the options ask for the other store.
-TEST(GroupedOptions, WhereCGoesThroughSharedMemory) {
-  using kc::ch05::stores_c_through_shared_memory;
-  const auto options = [](GroupedTile tile, CStore store) {
-    return GroupedGemmOptions{TileOrder::grouped, kc::ch05::kDefaultGroupM, tile, store};
-  };
-  EXPECT_FALSE(stores_c_through_shared_memory(GroupedGemmOptions{}));  // the square tile, its default
-  EXPECT_FALSE(stores_c_through_shared_memory(options(GroupedTile::square_128x128, CStore::tile_default)));
-  EXPECT_TRUE(stores_c_through_shared_memory(options(GroupedTile::wide_128x256, CStore::tile_default)));
-  for (GroupedTile tile : {GroupedTile::square_128x128, GroupedTile::wide_128x256}) {
-    EXPECT_FALSE(stores_c_through_shared_memory(options(tile, CStore::from_registers)));
-    EXPECT_TRUE(stores_c_through_shared_memory(options(tile, CStore::through_shared_memory)));
-  }
+// An empty problem (M_total = 0): A and C are empty tensors, whose data pointers may be null. It is
+// valid, and grouped_gemm launches nothing (so no CUDA call at all: this runs without a GPU).
+TEST(GroupedArguments, EmptyProblemAcceptsNullAAndC) {
+  HostBuffer w;
+  std::int32_t offsets[9] = {};
+  std::int32_t workspace[128];
+  const GroupedGemmShape empty{0, 4, 8, 8};
+  EXPECT_NO_THROW(kc::ch05::validate_grouped_gemm(empty, nullptr, w.data, nullptr, offsets));
+  EXPECT_NO_THROW(kc::ch05::grouped_gemm(empty, nullptr, w.data, nullptr, offsets, workspace, sizeof workspace));
+  EXPECT_NO_THROW(kc::ch05::grouped_gemm_loop(empty, nullptr, w.data, nullptr, std::vector<std::int32_t>(9, 0)));
+  // W and offsets are never empty (E >= 1, N >= 1, K >= 1): still required.
+  expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(empty, nullptr, nullptr, nullptr, offsets); },
+                          "w must not be null");
+  expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(empty, nullptr, w.data, nullptr, nullptr); },
+                          "offsets must not be null");
+  expect_invalid_argument(
+      [&] {
+        kc::ch05::validate_grouped_gemm({1, 4, 8, 8}, w.data, w.data + 256, nullptr, offsets);
+      },
+      "c must not be null when shape.m_total > 0");
 }
 
+// Launch functions validate before any CUDA call: without a GPU they throw InvalidArgument.
 TEST(GroupedArguments, LaunchesRejectBeforeAnyCudaCall) {
   HostBuffer a, w, c;
   std::int32_t offsets[9] = {};
@@ -488,21 +481,12 @@ enum class Path {
   loop,
   one_launch_row_major,
   one_launch_grouped,
-  one_launch_wide,
-  one_launch_staged,          // grouped order, square tile, C through shared memory (not its default)
-  one_launch_wide_registers,  // grouped order, wide tile, C from registers (not its default)
+  one_launch_wide,  // the chapter's `after`: grouped order, 128 x 256 tile
   cublas_loop,
   cublas_grouped
 };
 
-bool is_wide(Path path) { return path == Path::one_launch_wide || path == Path::one_launch_wide_registers; }
-
-// How a path stores C: each tile's default but on the two paths that ask for the other store.
-CStore c_store_of(Path path) {
-  if (path == Path::one_launch_staged) return CStore::through_shared_memory;
-  if (path == Path::one_launch_wide_registers) return CStore::from_registers;
-  return CStore::tile_default;
-}
+bool is_wide(Path path) { return path == Path::one_launch_wide; }
 
 // The paths of this chapter's one-launch kernel that this GPU runs (the wide tile needs 144 KiB).
 bool runs_here(Path path) { return !is_wide(path) || kc::ch05::grouped_tile_supported(GroupedTile::wide_128x256); }
@@ -513,8 +497,6 @@ const char* name_of(Path path) {
     case Path::one_launch_row_major: return "one_launch_row_major";
     case Path::one_launch_grouped: return "one_launch_grouped";
     case Path::one_launch_wide: return "one_launch_wide";
-    case Path::one_launch_staged: return "one_launch_staged";
-    case Path::one_launch_wide_registers: return "one_launch_wide_registers";
     case Path::cublas_loop: return "cublas_loop";
     case Path::cublas_grouped: return "cublas_grouped";
   }
@@ -532,12 +514,10 @@ std::vector<bf16> run_path(const Problem& p, Path path, kc::ch02::CublasHandle& 
     case Path::loop: kc::ch05::grouped_gemm_loop(p.shape, a.data(), w.data(), c.data(), p.offsets); break;
     case Path::one_launch_row_major:
     case Path::one_launch_grouped:
-    case Path::one_launch_wide:
-    case Path::one_launch_staged:
-    case Path::one_launch_wide_registers: {
+    case Path::one_launch_wide: {
       const GroupedGemmOptions options{path == Path::one_launch_row_major ? TileOrder::row_major : TileOrder::grouped,
-                                       group_m, is_wide(path) ? GroupedTile::wide_128x256 : GroupedTile::square_128x128,
-                                       c_store_of(path)};
+                                       group_m,
+                                       is_wide(path) ? GroupedTile::wide_128x256 : GroupedTile::square_128x128};
       kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
                              options);
       break;
@@ -578,7 +558,7 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
     const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
     const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
     for (Path path : {Path::loop, Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide,
-                      Path::one_launch_staged, Path::one_launch_wide_registers, Path::cublas_grouped}) {
+                      Path::cublas_grouped}) {
       for (int group_m : {1, 3, 8}) {
         if (path != Path::one_launch_grouped && path != Path::one_launch_wide && group_m != 8) continue;
         if (!runs_here(path)) continue;
@@ -602,18 +582,6 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
     ASSERT_EQ(looped.size(), launched.size());
     EXPECT_EQ(std::memcmp(looped.data(), launched.data(), looped.size() * sizeof(bf16)), 0)
         << "the loop and the one launch differ";
-    // The staged store rounds the same accumulators once, as the store from registers does: the same
-    // bits, poison included, on both tiles (trials with N % 8 != 0 take its element-by-element path).
-    // The square tile stores from registers by default, the wide tile through shared memory.
-    for (const auto& [from_registers, staged] : {std::pair{Path::one_launch_grouped, Path::one_launch_staged},
-                                                 std::pair{Path::one_launch_wide_registers, Path::one_launch_wide}}) {
-      if (!runs_here(staged)) continue;
-      SCOPED_TRACE(std::string(name_of(from_registers)) + " vs " + name_of(staged));
-      const std::vector<bf16> stored = run_path(p, from_registers, cublas);
-      const std::vector<bf16> staged_stored = run_path(p, staged, cublas);
-      EXPECT_EQ(std::memcmp(stored.data(), staged_stored.data(), stored.size() * sizeof(bf16)), 0)
-          << "the staged store and the store from registers differ";
-    }
   }
 }
 
@@ -626,8 +594,7 @@ TEST_F(GroupedGemmGpu, LargeSkewedCase) {
   kc::ch02::CublasHandle cublas;
   const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
   const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
-  for (Path path :
-       {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide, Path::one_launch_wide_registers}) {
+  for (Path path : {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide}) {
     SCOPED_TRACE(name_of(path));
     if (!runs_here(path)) continue;
     const std::vector<bf16> got = run_path(p, path, cublas);
@@ -640,8 +607,7 @@ TEST_F(GroupedGemmGpu, LargeSkewedCase) {
 TEST_F(GroupedGemmGpu, AllExpertsEmpty) {
   const Problem p = random_problem(std::vector<std::int32_t>(16, 0), 64, 64, 1, 40);
   kc::ch02::CublasHandle cublas;
-  for (Path path : {Path::loop, Path::one_launch_grouped, Path::one_launch_wide, Path::one_launch_staged,
-                    Path::one_launch_wide_registers, Path::cublas_grouped}) {
+  for (Path path : {Path::loop, Path::one_launch_grouped, Path::one_launch_wide, Path::cublas_grouped}) {
     if (!runs_here(path)) continue;
     const std::vector<bf16> got = run_path(p, path, cublas);
     EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << name_of(path);

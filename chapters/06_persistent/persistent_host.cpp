@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kc/check.hpp"
+#include "kc/validate.hpp"
 #include "persistent_gemm.hpp"
 
 namespace kc::ch06 {
@@ -13,17 +14,11 @@ namespace {
 
 std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t y_bytes) {
-  const auto xs = reinterpret_cast<std::uintptr_t>(x);
-  const auto ys = reinterpret_cast<std::uintptr_t>(y);
-  return x_bytes > 0 && y_bytes > 0 && xs < ys + y_bytes && ys < xs + x_bytes;
-}
-
 // The workspace rules both entry points share: not null, 16-byte aligned, and at least @p needed
 // bytes (@p source names where that number comes from).
 void check_workspace(const void* workspace, std::size_t workspace_bytes, std::size_t needed, const char* source) {
   if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
-  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
+  if (!kc::aligned_to(workspace, 16)) {
     throw InvalidArgument("workspace must be 16-byte aligned (float4 partial tiles)");
   }
   if (workspace_bytes < needed) {
@@ -61,9 +56,7 @@ void validate_workspace_init(const void* workspace, std::size_t workspace_bytes)
   check_workspace(workspace, workspace_bytes, workspace_counter_bytes(), "the counters");
 }
 
-void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
-                                 const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
-                                 int grid) {
+void validate_persistent_options(const PersistentOptions& options) {
   const int scheduler = static_cast<int>(options.scheduler);
   if (scheduler < 0 || scheduler >= kSchedulers) {
     throw InvalidArgument("options.scheduler (" + std::to_string(scheduler) + ") is not a Scheduler");
@@ -75,10 +68,16 @@ void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloa
     throw InvalidArgument("options.stream_k_max_tail_percent (" + std::to_string(options.stream_k_max_tail_percent) +
                           ") must be in [0, 100]");
   }
+}
+
+void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
+                                 const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
+                                 int grid) {
+  validate_persistent_options(options);
   const std::size_t needed = persistent_workspace_bytes(shape, grid);
   check_workspace(workspace, workspace_bytes, needed, "grouped_gemm_persistent_workspace_bytes");
   const auto c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(shape.n) * 2;
-  if (overlaps(c, c_bytes, workspace, needed)) throw InvalidArgument("workspace must not overlap c");
+  if (kc::overlaps(c, c_bytes, workspace, needed)) throw InvalidArgument("workspace must not overlap c");
 }
 
 std::int64_t grouped_tiles(const GroupedGemmShape& shape, std::span<const std::int32_t> host_offsets) {
