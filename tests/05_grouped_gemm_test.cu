@@ -506,27 +506,25 @@ const char* name_of(Path path) {
 // Runs `path` into a poisoned, guarded C and returns it.
 std::vector<bf16> run_path(const Problem& p, Path path, kc::ch02::CublasHandle& cublas, int group_m = 8,
                            std::size_t* guard_damage = nullptr) {
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  const bf16 *a = d.a.data(), *w = d.w.data();
+  const std::int32_t* offsets = d.offsets.data();
   kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   switch (path) {
-    case Path::loop: kc::ch05::grouped_gemm_loop(p.shape, a.data(), w.data(), c.data(), p.offsets); break;
+    case Path::loop: kc::ch05::grouped_gemm_loop(p.shape, a, w, c.data(), p.offsets); break;
     case Path::one_launch_row_major:
     case Path::one_launch_grouped:
     case Path::one_launch_wide: {
       const GroupedGemmOptions options{path == Path::one_launch_row_major ? TileOrder::row_major : TileOrder::grouped,
                                        group_m,
                                        is_wide(path) ? GroupedTile::wide_128x256 : GroupedTile::square_128x128};
-      kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
-                             options);
+      kc::ch05::grouped_gemm(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size(), options);
       break;
     }
-    case Path::cublas_loop:
-      kc::ch05::cublas_grouped_loop(cublas, p.shape, a.data(), w.data(), c.data(), p.offsets);
-      break;
+    case Path::cublas_loop: kc::ch05::cublas_grouped_loop(cublas, p.shape, a, w, c.data(), p.offsets); break;
     case Path::cublas_grouped: {
-      const kc::ch05::CublasGroupedGemm grouped(p.shape, a.data(), w.data(), c.data(), p.offsets);
+      const kc::ch05::CublasGroupedGemm grouped(p.shape, a, w, c.data(), p.offsets);
       grouped.run(cublas);
       kc::check(cudaDeviceSynchronize());
       break;
@@ -609,54 +607,53 @@ TEST_F(GroupedGemmGpu, AllExpertsEmpty) {
   kc::ch02::CublasHandle cublas;
   for (Path path : {Path::loop, Path::one_launch_grouped, Path::one_launch_wide, Path::cublas_grouped}) {
     if (!runs_here(path)) continue;
-    const std::vector<bf16> got = run_path(p, path, cublas);
-    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << name_of(path);
+    expect_all_poisoned(run_path(p, path, cublas), name_of(path));
   }
 }
 
 // Rejected calls launch nothing: the poisoned output stays poisoned.
 TEST_F(GroupedGemmGpu, BadArgumentsWriteNothing) {
   const Problem p = random_problem({5, 0, 7}, 32, 64, 3);
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
   kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   expect_invalid_argument(
       [&] {
-        kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+        kc::ch05::grouped_gemm(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), workspace.data(),
                                workspace.size(), {TileOrder::grouped, 0});
       },
       "options.group_m (0) must be >= 1");
   expect_invalid_argument(
       [&] {
-        kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), c.data(), workspace.size());
+        kc::ch05::grouped_gemm(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), c.data(), workspace.size());
       },
       "workspace must not overlap c");
   kc::check(cudaDeviceSynchronize());
-  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(c.to_host()), kc::test::kPoisonByte), c.size());
+  expect_all_poisoned(c.to_host(), "a rejected call wrote c");
 }
 
-// The one launch neither allocates nor synchronises, and repeats bit for bit.
+// The one launch neither allocates nor synchronises, and repeats bit for bit, on both tiles.
 TEST_F(GroupedGemmGpu, GraphCapturableAndRepeatable) {
   const Problem p = random_problem({130, 0, 1, 257, 64}, 200, 136, kc::test::test_seed());
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w), c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  kc::DeviceBuffer<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
-  // The first call on a device sets the kernel's shared-memory attribute: outside the capture.
-  kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size());
-  kc::check(cudaDeviceSynchronize());
-  const kc::test::LaunchUnderTest run{[&](cudaStream_t stream) {
-                                        kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(),
-                                                               workspace.data(), workspace.size(), {}, stream);
-                                      },
-                                      [&] { c.fill_bytes(kc::test::kPoisonByte); },
-                                      [&] {
-                                        const std::vector<bf16> h = c.to_host();
-                                        const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
-                                        return std::vector<unsigned char>(bytes, bytes + h.size() * sizeof(bf16));
-                                      }};
-  kc::test::expect_graph_capturable(run);
-  kc::test::expect_bitwise_repeatable(run);
+  for (GroupedTile tile : {GroupedTile::square_128x128, GroupedTile::wide_128x256}) {
+    if (!kc::ch05::grouped_tile_supported(tile)) continue;
+    SCOPED_TRACE(tile == GroupedTile::wide_128x256 ? "wide tile (after)" : "square tile");
+    const GroupedGemmOptions options{TileOrder::grouped, kc::ch05::kDefaultGroupM, tile};
+    const auto launch = [&](cudaStream_t stream) {
+      kc::ch05::grouped_gemm(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), workspace.data(),
+                             workspace.size(), options, stream);
+    };
+    // The first call on a device sets the kernel's shared-memory attribute: outside the capture.
+    launch(nullptr);
+    kc::check(cudaDeviceSynchronize());
+    const kc::test::LaunchUnderTest run{launch, [&] { c.fill_bytes(kc::test::kPoisonByte); },
+                                        [&] { return bytes_of(c); }};
+    kc::test::expect_graph_capturable(run);
+    kc::test::expect_bitwise_repeatable(run);
+  }
 }
 
 // The permutation kernels against the reference, then the combine against fp64: ties (repeated

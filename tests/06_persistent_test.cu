@@ -436,17 +436,18 @@ bool splits_k(Scheduler s) { return s == Scheduler::stream_k || s == Scheduler::
 // Runs Chapter 5's kernel (scheduler == nullptr) or the persistent one into a poisoned, guarded C.
 std::vector<bf16> run_path(const Problem& p, const Scheduler* scheduler, std::size_t* guard_damage = nullptr,
                            int max_tail_percent = kc::ch06::kDefaultMaxTailPercent) {
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  const bf16 *a = d.a.data(), *w = d.w.data();
+  const std::int32_t* offsets = d.offsets.data();
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   if (scheduler == nullptr) {
     kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
-    kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size());
+    kc::ch05::grouped_gemm(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size());
   } else {
     kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
     kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.size());
-    kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                      workspace.size(), {*scheduler, kc::ch05::kDefaultGroupM, max_tail_percent});
+    kc::ch06::grouped_gemm_persistent(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size(),
+                                      {*scheduler, kc::ch05::kDefaultGroupM, max_tail_percent});
   }
   kc::check(cudaDeviceSynchronize());
   if (guard_damage != nullptr) *guard_damage = c.guard_damage();
@@ -554,65 +555,58 @@ TEST_F(PersistentGpu, CountersComeBackZero) {
 TEST_F(PersistentGpu, AllExpertsEmpty) {
   const Problem p = random_problem(std::vector<std::int32_t>(16, 0), 64, 64, 1, 40);
   for (Scheduler s : kAll) {
-    const std::vector<bf16> got = run_path(p, &s);
-    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << name_of(s);
+    expect_all_poisoned(run_path(p, &s), name_of(s));
   }
 }
 
 TEST_F(PersistentGpu, BadArgumentsWriteNothing) {
   const Problem p = random_problem({5, 0, 7}, 32, 64, 3);
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  const bf16 *a = d.a.data(), *w = d.w.data();
+  const std::int32_t* offsets = d.offsets.data();
   kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   expect_invalid_argument(
       [&] {
-        kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                          workspace.size(), {Scheduler::stream_k, 0});
+        kc::ch06::grouped_gemm_persistent(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size(),
+                                          {Scheduler::stream_k, 0});
       },
       "options.group_m (0) must be >= 1");
   expect_invalid_argument(
       [&] {
-        kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                          workspace.size() - 256);
+        kc::ch06::grouped_gemm_persistent(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size() - 256);
       },
       "must be >= ");
   expect_invalid_argument(
       [&] {
-        kc::ch06::grouped_gemm_persistent({p.shape.m_total, p.shape.n, 12, 3}, a.data(), w.data(), c.data(),
-                                          offsets.data(), workspace.data(), workspace.size());
+        kc::ch06::grouped_gemm_persistent({p.shape.m_total, p.shape.n, 12, 3}, a, w, c.data(), offsets,
+                                          workspace.data(), workspace.size());
       },
       "shape.k (12) must be a multiple of 8");
   kc::check(cudaDeviceSynchronize());
-  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(c.to_host()), kc::test::kPoisonByte), c.size());
+  expect_all_poisoned(c.to_host(), "a rejected call wrote c");
 }
 
 // Every scheduler neither allocates nor synchronises, and repeats bit for bit (Stream-K included:
 // each split tile's owner adds its partners' partials in a fixed order whoever finishes first).
 TEST_F(PersistentGpu, GraphCapturableAndBitwiseRepeatable) {
   const Problem p = random_problem({130, 0, 1, 257, 64, 384, 384}, 1000, 520, kc::test::test_seed());
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w), c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  kc::DeviceBuffer<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
   kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.size());
   for (Scheduler s : kAll) {
     SCOPED_TRACE(name_of(s));
     const PersistentOptions options{s, kc::ch05::kDefaultGroupM, 100};
+    const auto launch = [&](cudaStream_t stream) {
+      kc::ch06::grouped_gemm_persistent(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), workspace.data(),
+                                        workspace.size(), options, stream);
+    };
     // The first call on a device sets the attributes and queries occupancy: outside the capture.
-    kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                      workspace.size(), options);
+    launch(nullptr);
     kc::check(cudaDeviceSynchronize());
-    const kc::test::LaunchUnderTest run{[&](cudaStream_t stream) {
-                                          kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(),
-                                                                            offsets.data(), workspace.data(),
-                                                                            workspace.size(), options, stream);
-                                        },
-                                        [&] { c.fill_bytes(kc::test::kPoisonByte); },
-                                        [&] {
-                                          const std::vector<bf16> h = c.to_host();
-                                          const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
-                                          return std::vector<unsigned char>(bytes, bytes + h.size() * sizeof(bf16));
-                                        }};
+    const kc::test::LaunchUnderTest run{launch, [&] { c.fill_bytes(kc::test::kPoisonByte); },
+                                        [&] { return bytes_of(c); }};
     kc::test::expect_graph_capturable(run);
     kc::test::expect_bitwise_repeatable(run, 5);
   }

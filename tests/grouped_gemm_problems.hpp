@@ -1,4 +1,4 @@
-// Test problems of the grouped-GEMM chapters (5 and 6, later 7 and 8): random group sizes of the
+// Test problems of the grouped-GEMM chapters (5 and 6, and later ones): random group sizes of the
 // kinds the issues ask for, a random problem in the MoE layout, and the sampled fp64 check. Both
 // chapters test against the same definitions, so a problem means the same thing in each.
 #pragma once
@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "grouped_gemm.hpp"
 #include "kc/compare.hpp"
+#include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
 #include "kc/reference.hpp"
 #include "kc/test_support.hpp"
@@ -64,6 +66,25 @@ inline Problem random_problem(const std::vector<std::int32_t>& sizes, std::int64
   kc::fill_uniform(std::span<bf16>(p.a), seed);
   kc::fill_uniform(std::span<bf16>(p.w), seed + 1);
   return p;
+}
+
+// A problem's inputs on the device.
+struct DeviceProblem {
+  kc::DeviceBuffer<bf16> a, w;
+  kc::DeviceBuffer<std::int32_t> offsets;
+  explicit DeviceProblem(const Problem& p) : a(p.a), w(p.w), offsets(p.offsets) {}
+};
+
+// The bytes of a device output, for the bitwise checks (bf16's NaN poison compares unequal as values).
+inline std::vector<unsigned char> bytes_of(const kc::DeviceBuffer<bf16>& c) {
+  const std::vector<bf16> h = c.to_host();
+  const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
+  return std::vector<unsigned char>(bytes, bytes + h.size() * sizeof(bf16));
+}
+
+// Every element of @p got still holds the poison: nothing was written.
+inline void expect_all_poisoned(const std::vector<bf16>& got, const std::string& what) {
+  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kPoisonByte), got.size()) << what;
 }
 
 // Sampled fp64 check: every row's first and last columns, plus random elements. Rows of no expert
