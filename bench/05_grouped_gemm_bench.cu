@@ -33,10 +33,10 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "05_grouped_gemm_inputs.hpp"
 #include "grouped_gemm.hpp"
 #include "kc/bench.hpp"
 #include "kc/check.hpp"
@@ -47,13 +47,8 @@
 namespace {
 
 using kc::ch05::GroupedGemmShape;
-using kc::ch05::GroupSizes;
 
-struct Case {
-  std::string label;
-  GroupedGemmShape shape;
-  std::vector<std::int32_t> sizes;
-};
+using Case = kc::ch05::GroupedCase;
 
 enum class Variant { before, one_launch_row_major, one_launch_grouped, one_launch_wide, cublas_loop, cublas_grouped };
 
@@ -61,19 +56,13 @@ bool is_wide(Variant v) { return v == Variant::one_launch_wide; }
 
 void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
-  const std::vector<std::int32_t> offsets_init = kc::ch05::offsets_of_sizes(cs.sizes);
-  const auto m = static_cast<std::size_t>(s.m_total), n = static_cast<std::size_t>(s.n);
-  const auto k = static_cast<std::size_t>(s.k), e = static_cast<std::size_t>(s.experts);
-  kc::DeviceBuffer<__nv_bfloat16> a(m * k), w(e * n * k), c(m * n);
-  kc::DeviceBuffer<std::int32_t> offsets(offsets_init);
+  kc::bench::grouped::Inputs in(cs);
+  auto &a = in.a, &w = in.w, &c = in.c;
+  auto& offsets = in.offsets;
+  const std::vector<std::int32_t>& host_offsets = in.host_offsets;
   kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(s));
-  kc::fill_uniform_device(a.data(), a.size(), 1, -1.0, 1.0);
-  kc::fill_uniform_device(w.data(), w.size(), 2, -1.0, 1.0);
   cudaStream_t stream;
   kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  kc::check(cudaDeviceSynchronize());
-  // What a framework's loop does before it can launch anything: the group sizes to the host.
-  const std::vector<std::int32_t> host_offsets = offsets.to_host();
   kc::ch02::CublasHandle cublas;
   std::unique_ptr<kc::ch05::CublasGroupedGemm> grouped;
   if (variant == Variant::cublas_grouped) {
@@ -109,45 +98,6 @@ void bench_case(benchmark::State& state, const Case& cs, Variant variant) {
   state.counters["rows"] = static_cast<double>(host_offsets.back());
 }
 
-Case uniform_case(int experts, std::int32_t rows_per_expert, std::int64_t n, std::int64_t k) {
-  Case cs;
-  std::ostringstream label;  // not a chain of string +: GCC 12's -Wrestrict misfires on those here
-  label << "G" << experts << "xM" << rows_per_expert << "_N" << n << "_K" << k;
-  cs.label = label.str();
-  cs.sizes = kc::ch05::group_sizes(GroupSizes::uniform, experts, experts * rows_per_expert);
-  cs.shape = {static_cast<std::int64_t>(experts) * rows_per_expert, n, k, experts};
-  return cs;
-}
-
-Case skewed_case(const char* name, GroupSizes kind, int experts, std::int32_t rows, std::int64_t n, std::int64_t k) {
-  Case cs;
-  std::ostringstream label;
-  label << "E" << experts << "_M" << rows << "_" << name << "_N" << n << "_K" << k;
-  cs.label = label.str();
-  cs.sizes = kc::ch05::group_sizes(kind, experts, rows);
-  cs.shape = {rows, n, k, experts};
-  return cs;
-}
-
-std::vector<Case> cases() {
-  return {uniform_case(8, 4096, 4096, 7168),
-          uniform_case(32, 256, 4096, 7168),
-          uniform_case(256, 128, 4096, 7168),
-          skewed_case("zipf", GroupSizes::zipf, 256, 8192, 4096, 7168),
-          skewed_case("hot", GroupSizes::one_hot, 256, 8192, 4096, 7168),
-          skewed_case("empty25", GroupSizes::quarter_empty, 256, 8192, 4096, 7168),
-          uniform_case(8, 4096, 7168, 2048),
-          uniform_case(8, 4096, 28672, 4096)};
-}
-
-// Weights, A and C of the case must fit with room to spare (the Mixtral and 256-expert cases need
-// 4-16 GB): skip on smaller GPUs rather than fail.
-bool fits_device(const Case& cs, const kc::DeviceInfo& device) {
-  const double bytes = 2.0 * (static_cast<double>(cs.shape.experts) * cs.shape.n * cs.shape.k +
-                              static_cast<double>(cs.shape.m_total) * (cs.shape.k + cs.shape.n));
-  return bytes <= 0.8 * static_cast<double>(device.global_mem_bytes);
-}
-
 struct NamedVariant {
   const char* name;
   Variant v;
@@ -156,7 +106,7 @@ struct NamedVariant {
 void register_variants(const kc::DeviceInfo& device, const std::vector<Case>& all,
                        std::initializer_list<NamedVariant> variants) {
   for (const Case& cs : all) {
-    if (!fits_device(cs, device)) continue;
+    if (!kc::bench::grouped::fits_device(cs, device)) continue;
     for (const NamedVariant& v : variants) {
       if (is_wide(v.v) && !kc::ch05::grouped_tile_supported(kc::ch05::GroupedTile::wide_128x256)) {
         continue;  // the 128 x 256 tile does not fit this GPU's shared memory
@@ -169,7 +119,7 @@ void register_variants(const kc::DeviceInfo& device, const std::vector<Case>& al
 }
 
 void register_benchmarks(const kc::DeviceInfo& device) {
-  const std::vector<Case> all = cases();
+  const std::vector<Case> all = kc::ch05::benchmark_cases();
   std::vector<std::string> labels;
   for (const Case& cs : all) labels.push_back(cs.label);
   kc::bench::check_case_labels(labels);

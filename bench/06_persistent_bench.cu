@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "05_grouped_gemm_inputs.hpp"
 #include "grouped_gemm.hpp"
 #include "kc/bench.hpp"
 #include "kc/check.hpp"
@@ -50,22 +51,17 @@ enum class Variant {
 
 void bench_case(benchmark::State& state, const BenchCase& cs, Variant variant) {
   const GroupedGemmShape& s = cs.shape;
-  const std::vector<std::int32_t> offsets_init = kc::ch05::offsets_of_sizes(cs.sizes);
-  const auto m = static_cast<std::size_t>(s.m_total), n = static_cast<std::size_t>(s.n);
-  const auto k = static_cast<std::size_t>(s.k), e = static_cast<std::size_t>(s.experts);
-  kc::DeviceBuffer<__nv_bfloat16> a(m * k), w(e * n * k), c(m * n);
-  kc::DeviceBuffer<std::int32_t> offsets(offsets_init);
+  kc::bench::grouped::Inputs in(cs);
+  auto &a = in.a, &w = in.w, &c = in.c;
+  auto& offsets = in.offsets;
+  const std::vector<std::int32_t>& host_offsets = in.host_offsets;
   kc::DeviceBuffer<unsigned char> workspace(
       std::max(kc::ch05::grouped_gemm_workspace_bytes(s), kc::ch06::grouped_gemm_persistent_workspace_bytes(s)));
   // Zeroed once, when new (Chapter 6's counters; every launch leaves them at zero again).
   kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.size());
-  kc::fill_uniform_device(a.data(), a.size(), 1, -1.0, 1.0);
-  kc::fill_uniform_device(w.data(), w.size(), 2, -1.0, 1.0);
   cudaStream_t stream;
   kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   kc::check(cudaDeviceSynchronize());
-  // The loops need the group sizes on the host: copied once, outside the timed region.
-  const std::vector<std::int32_t> host_offsets = offsets.to_host();
   kc::ch02::CublasHandle cublas;
   std::unique_ptr<kc::ch05::CublasGroupedGemm> grouped;
   if (variant == Variant::cublas_grouped) {
@@ -128,10 +124,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
                   {"vendor_cublas_loop", Variant::cublas_loop},
                   {"vendor_cublas_grouped", Variant::cublas_grouped}};
   for (const BenchCase& cs : all) {
-    // Weights, A, C and the workspace must fit with room to spare: skip on smaller GPUs.
-    const double bytes = 2.0 * (static_cast<double>(cs.shape.experts) * cs.shape.n * cs.shape.k +
-                                static_cast<double>(cs.shape.m_total) * (cs.shape.k + cs.shape.n));
-    if (bytes > 0.8 * static_cast<double>(device.global_mem_bytes)) continue;
+    if (!kc::bench::grouped::fits_device(cs, device)) continue;
     for (const auto& v : variants) {
       const std::string name = "ch06/" + std::string(v.name) + "/" + cs.label;
       kc::bench::configure(benchmark::RegisterBenchmark(

@@ -289,6 +289,16 @@ TEST(GroupedReference, BenchmarkGroupSizes) {
   EXPECT_EQ(holes[255], 42);
   EXPECT_EQ(std::count(holes.begin(), holes.end(), 0), 64);
   expect_invalid_argument([] { kc::ch05::group_sizes(GroupSizes::uniform, 0, 10); }, "experts (0) must be in");
+  // The benchmark's cases: the labels the committed results and tools/chapters.json read.
+  std::vector<std::string> labels;
+  for (const kc::ch05::GroupedCase& cs : kc::ch05::benchmark_cases()) {
+    labels.push_back(cs.label);
+    EXPECT_EQ(std::accumulate(cs.sizes.begin(), cs.sizes.end(), std::int64_t{0}), cs.shape.m_total) << cs.label;
+  }
+  EXPECT_EQ(labels, (std::vector<std::string>{"G8xM4096_N4096_K7168", "G32xM256_N4096_K7168", "G256xM128_N4096_K7168",
+                                              "E256_M8192_zipf_N4096_K7168", "E256_M8192_hot_N4096_K7168",
+                                              "E256_M8192_empty25_N4096_K7168", "G8xM4096_N7168_K2048",
+                                              "G8xM4096_N28672_K4096"}));
 }
 
 // ---------------------------------------------------------------- CPU: arguments

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 // Angle brackets: the exercise build puts the skeleton's tile_map.hpp first on the include path.
@@ -251,6 +252,27 @@ enum class GroupSizes {
 /// Host group sizes of @p kind for @p rows rows over @p experts experts; they sum to @p rows.
 /// Throws kc::InvalidArgument for experts outside [1, kMaxExperts] or negative rows.
 std::vector<std::int32_t> group_sizes(GroupSizes kind, int experts, std::int32_t rows);
+
+/// One benchmark case (the benchmarks, the tests and the lessons share them).
+struct GroupedCase {
+  std::string label;                ///< e.g. "G256xM128_N4096_K7168"; never a prefix of another case's
+  GroupedGemmShape shape;           ///< sizes
+  std::vector<std::int32_t> sizes;  ///< rows per expert
+};
+
+/// @p experts experts of @p rows_per_expert rows each, labelled
+/// `<prefix>G<experts>xM<rows_per_expert>_N<n>_K<k>`.
+GroupedCase uniform_case(int experts, std::int32_t rows_per_expert, std::int64_t n, std::int64_t k,
+                         const std::string& prefix = "");
+
+/// @p rows rows over @p experts experts by @p kind (zipf, one_hot or quarter_empty), labelled
+/// `E<experts>_M<rows>_<zipf|hot|empty25>_N<n>_K<k>`.
+GroupedCase skewed_case(GroupSizes kind, int experts, std::int32_t rows, std::int64_t n, std::int64_t k);
+
+/// The chapter's eight benchmark cases: DeepSeek-V3 up (N 4096, K 7168) as G8×4096, G32×256,
+/// G256×128 and 256 experts over 8192 rows (Zipf, one hot, 25 % empty); DeepSeek-V3 down
+/// G8×4096 (N 7168, K 2048); Mixtral up G8×4096 (N 28672, K 4096).
+std::vector<GroupedCase> benchmark_cases();
 
 // ---------------------------------------------------------------------- the lesson's arithmetic
 

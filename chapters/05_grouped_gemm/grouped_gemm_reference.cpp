@@ -1,8 +1,9 @@
-// The fp64 references and the benchmark's group sizes of Chapter 5, on the host: what the tests
-// compare the kernels with. No CUDA call here.
+// The fp64 references, and the benchmark's group sizes and cases of Chapter 5, on the host: what the
+// tests compare the kernels with, and what the benchmark runs. No CUDA call here.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "grouped_gemm.hpp"
@@ -143,6 +144,40 @@ std::vector<std::int32_t> group_sizes(GroupSizes kind, int experts, std::int32_t
     }
   }
   return sizes;
+}
+
+GroupedCase uniform_case(int experts, std::int32_t rows_per_expert, std::int64_t n, std::int64_t k,
+                         const std::string& prefix) {
+  GroupedCase cs;
+  std::ostringstream label;  // not a chain of string +: GCC 12's -Wrestrict misfires on those
+  label << prefix << "G" << experts << "xM" << rows_per_expert << "_N" << n << "_K" << k;
+  cs.label = label.str();
+  cs.sizes = group_sizes(GroupSizes::uniform, experts, experts * rows_per_expert);
+  cs.shape = {static_cast<std::int64_t>(experts) * rows_per_expert, n, k, experts};
+  return cs;
+}
+
+GroupedCase skewed_case(GroupSizes kind, int experts, std::int32_t rows, std::int64_t n, std::int64_t k) {
+  if (kind == GroupSizes::uniform) throw InvalidArgument("kind must be a skewed distribution (uniform_case)");
+  const char* name = kind == GroupSizes::zipf ? "zipf" : kind == GroupSizes::one_hot ? "hot" : "empty25";
+  GroupedCase cs;
+  std::ostringstream label;
+  label << "E" << experts << "_M" << rows << "_" << name << "_N" << n << "_K" << k;
+  cs.label = label.str();
+  cs.sizes = group_sizes(kind, experts, rows);
+  cs.shape = {rows, n, k, experts};
+  return cs;
+}
+
+std::vector<GroupedCase> benchmark_cases() {
+  return {uniform_case(8, 4096, 4096, 7168),
+          uniform_case(32, 256, 4096, 7168),
+          uniform_case(256, 128, 4096, 7168),
+          skewed_case(GroupSizes::zipf, 256, 8192, 4096, 7168),
+          skewed_case(GroupSizes::one_hot, 256, 8192, 4096, 7168),
+          skewed_case(GroupSizes::quarter_empty, 256, 8192, 4096, 7168),
+          uniform_case(8, 4096, 7168, 2048),
+          uniform_case(8, 4096, 28672, 4096)};
 }
 
 }  // namespace kc::ch05

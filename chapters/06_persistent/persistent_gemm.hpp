@@ -138,12 +138,9 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
 /// @p host_offsets as Chapter 5's validate_host_offsets does.
 std::int64_t grouped_tiles(const GroupedGemmShape& shape, std::span<const std::int32_t> host_offsets);
 
-/// One benchmark case of the chapter (the benchmark, the tests and the lesson's table share them).
-struct BenchCase {
-  std::string label;                ///< e.g. "tail_G3xM384_N2048_K7168"
-  GroupedGemmShape shape;           ///< sizes
-  std::vector<std::int32_t> sizes;  ///< rows per expert
-};
+/// One benchmark case of the chapter (Chapter 5's kind: the benchmark, the tests and the lesson's
+/// table share them).
+using BenchCase = ch05::GroupedCase;
 
 /// The benchmark's cases: Chapter 5's eight, the two poor-last-wave `tail_*` cases (144 and 192
 /// tiles: 1.09 and 1.45 waves on 132 slots). No label is a prefix of another.

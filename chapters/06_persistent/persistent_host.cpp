@@ -1,7 +1,6 @@
 // Host-side rules, sizes and the lesson's arithmetic for Chapter 6. No CUDA call here: everything
 // is tested on machines without a GPU.
 #include <cstdio>
-#include <sstream>
 #include <string>
 
 #include "kc/check.hpp"
@@ -89,41 +88,13 @@ std::int64_t grouped_tiles(const GroupedGemmShape& shape, std::span<const std::i
   return m_tiles * ((shape.n + ch05::kBlockN - 1) / ch05::kBlockN);
 }
 
-namespace {
-
-BenchCase uniform_case(const char* prefix, int experts, std::int32_t rows_per_expert, std::int64_t n, std::int64_t k) {
-  BenchCase cs;
-  std::ostringstream label;  // not a chain of string +: GCC 12's -Wrestrict misfires on those
-  label << prefix << "G" << experts << "xM" << rows_per_expert << "_N" << n << "_K" << k;
-  cs.label = label.str();
-  cs.sizes = ch05::group_sizes(ch05::GroupSizes::uniform, experts, experts * rows_per_expert);
-  cs.shape = {static_cast<std::int64_t>(experts) * rows_per_expert, n, k, experts};
-  return cs;
-}
-
-BenchCase skewed_case(const char* name, ch05::GroupSizes kind, int experts, std::int32_t rows, std::int64_t n,
-                      std::int64_t k) {
-  BenchCase cs;
-  std::ostringstream label;
-  label << "E" << experts << "_M" << rows << "_" << name << "_N" << n << "_K" << k;
-  cs.label = label.str();
-  cs.sizes = ch05::group_sizes(kind, experts, rows);
-  cs.shape = {rows, n, k, experts};
-  return cs;
-}
-
-}  // namespace
-
 std::vector<BenchCase> benchmark_cases() {
-  using ch05::GroupSizes;
-  return {uniform_case("", 8, 4096, 4096, 7168), uniform_case("", 32, 256, 4096, 7168),
-          uniform_case("", 256, 128, 4096, 7168), skewed_case("zipf", GroupSizes::zipf, 256, 8192, 4096, 7168),
-          skewed_case("hot", GroupSizes::one_hot, 256, 8192, 4096, 7168),
-          skewed_case("empty25", GroupSizes::quarter_empty, 256, 8192, 4096, 7168),
-          uniform_case("", 8, 4096, 7168, 2048), uniform_case("", 8, 4096, 28672, 4096),
-          // Poor last waves on 132 slots: 9 m-tiles × 16 n-tiles = 144 tiles (1.09 waves) and
-          // 12 × 16 = 192 tiles (1.45 waves); DeepSeek-V3's K = 7168, one 2048-wide projection.
-          uniform_case("tail_", 3, 384, 2048, 7168), uniform_case("tail_", 4, 384, 2048, 7168)};
+  std::vector<BenchCase> cases = ch05::benchmark_cases();
+  // Poor last waves on 132 slots: 9 m-tiles × 16 n-tiles = 144 tiles (1.09 waves) and 12 × 16 = 192
+  // tiles (1.45 waves); DeepSeek-V3's K = 7168, one 2048-wide projection.
+  cases.push_back(ch05::uniform_case(3, 384, 2048, 7168, "tail_"));
+  cases.push_back(ch05::uniform_case(4, 384, 2048, 7168, "tail_"));
+  return cases;
 }
 
 std::string wave_table_row(const BenchCase& bench_case, int slots) {
