@@ -33,15 +33,7 @@
 
 namespace {
 
-using kc::test::grouped::expect_matches_fp64;
-using kc::test::grouped::HostBuffer;
-using kc::test::grouped::kTolerance;
-using kc::test::grouped::Problem;
-using kc::test::grouped::random_problem;
-using kc::test::grouped::random_sizes;
-
-using bf16 = __nv_bfloat16;
-using kc::ch05::CStore;
+using namespace kc::test::grouped;  // the problems, sizes and checks Chapters 5 and 6 share
 using kc::ch05::GroupedGemmOptions;
 using kc::ch05::GroupedGemmShape;
 using kc::ch05::GroupedTile;
@@ -297,6 +289,16 @@ TEST(GroupedReference, BenchmarkGroupSizes) {
   EXPECT_EQ(holes[255], 42);
   EXPECT_EQ(std::count(holes.begin(), holes.end(), 0), 64);
   expect_invalid_argument([] { kc::ch05::group_sizes(GroupSizes::uniform, 0, 10); }, "experts (0) must be in");
+  // The benchmark's cases: the labels the committed results and tools/chapters.json read.
+  std::vector<std::string> labels;
+  for (const kc::ch05::GroupedCase& cs : kc::ch05::benchmark_cases()) {
+    labels.push_back(cs.label);
+    EXPECT_EQ(std::accumulate(cs.sizes.begin(), cs.sizes.end(), std::int64_t{0}), cs.shape.m_total) << cs.label;
+  }
+  EXPECT_EQ(labels, (std::vector<std::string>{"G8xM4096_N4096_K7168", "G32xM256_N4096_K7168", "G256xM128_N4096_K7168",
+                                              "E256_M8192_zipf_N4096_K7168", "E256_M8192_hot_N4096_K7168",
+                                              "E256_M8192_empty25_N4096_K7168", "G8xM4096_N7168_K2048",
+                                              "G8xM4096_N28672_K4096"}));
 }
 
 // ---------------------------------------------------------------- CPU: arguments
@@ -316,7 +318,7 @@ TEST(GroupedArguments, Rules) {
   bad({4, 0, 8, 8}, "shape.n (0) must be in [1, 2^31 - 1]");
   bad({0x7FFFFFFF, 0x7FFFFFFF, 8, 8}, "must be at most 2^31 - 1 blocks");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(ok, nullptr, w.data, c.data, offsets); },
-                          "a must not be null");
+                          "a must not be null when shape.m_total > 0");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(ok, a.data + 1, w.data, c.data, offsets); },
                           "a must be 16-byte aligned");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(ok, a.data, w.data, c.data, nullptr); },
@@ -346,12 +348,6 @@ TEST(GroupedArguments, Rules) {
                                                 workspace, bytes);
       },
       "options.tile (5) is not a GroupedTile");
-  expect_invalid_argument(
-      [&] {
-        kc::ch05::validate_grouped_gemm_options(
-            ok, c.data, {TileOrder::grouped, 8, GroupedTile::square_128x128, static_cast<CStore>(3)}, workspace, bytes);
-      },
-      "options.c_store (3) is not a CStore");
   expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm_options(ok, c.data, {}, nullptr, bytes); },
                           "workspace must not be null");
   // Host offsets of the loop.
@@ -369,22 +365,29 @@ TEST(GroupedArguments, Rules) {
                           "host_offsets[E] (5) must be <= shape.m_total (4)");
 }
 
-// Launch functions validate before any CUDA call: without a GPU they throw InvalidArgument.
-// Each tile stores as Chapter 2 stores it unless the options ask for the other store.
-TEST(GroupedOptions, WhereCGoesThroughSharedMemory) {
-  using kc::ch05::stores_c_through_shared_memory;
-  const auto options = [](GroupedTile tile, CStore store) {
-    return GroupedGemmOptions{TileOrder::grouped, kc::ch05::kDefaultGroupM, tile, store};
-  };
-  EXPECT_FALSE(stores_c_through_shared_memory(GroupedGemmOptions{}));  // the square tile, its default
-  EXPECT_FALSE(stores_c_through_shared_memory(options(GroupedTile::square_128x128, CStore::tile_default)));
-  EXPECT_TRUE(stores_c_through_shared_memory(options(GroupedTile::wide_128x256, CStore::tile_default)));
-  for (GroupedTile tile : {GroupedTile::square_128x128, GroupedTile::wide_128x256}) {
-    EXPECT_FALSE(stores_c_through_shared_memory(options(tile, CStore::from_registers)));
-    EXPECT_TRUE(stores_c_through_shared_memory(options(tile, CStore::through_shared_memory)));
-  }
+// An empty problem (M_total = 0): A and C are empty tensors, whose data pointers may be null. It is
+// valid, and grouped_gemm launches nothing (so no CUDA call at all: this runs without a GPU).
+TEST(GroupedArguments, EmptyProblemAcceptsNullAAndC) {
+  HostBuffer w;
+  std::int32_t offsets[9] = {};
+  std::int32_t workspace[128];
+  const GroupedGemmShape empty{0, 4, 8, 8};
+  EXPECT_NO_THROW(kc::ch05::validate_grouped_gemm(empty, nullptr, w.data, nullptr, offsets));
+  EXPECT_NO_THROW(kc::ch05::grouped_gemm(empty, nullptr, w.data, nullptr, offsets, workspace, sizeof workspace));
+  EXPECT_NO_THROW(kc::ch05::grouped_gemm_loop(empty, nullptr, w.data, nullptr, std::vector<std::int32_t>(9, 0)));
+  // W and offsets are never empty (E >= 1, N >= 1, K >= 1): still required.
+  expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(empty, nullptr, nullptr, nullptr, offsets); },
+                          "w must not be null");
+  expect_invalid_argument([&] { kc::ch05::validate_grouped_gemm(empty, nullptr, w.data, nullptr, nullptr); },
+                          "offsets must not be null");
+  expect_invalid_argument(
+      [&] {
+        kc::ch05::validate_grouped_gemm({1, 4, 8, 8}, w.data, w.data + 256, nullptr, offsets);
+      },
+      "c must not be null when shape.m_total > 0");
 }
 
+// Launch functions validate before any CUDA call: without a GPU they throw InvalidArgument.
 TEST(GroupedArguments, LaunchesRejectBeforeAnyCudaCall) {
   HostBuffer a, w, c;
   std::int32_t offsets[9] = {};
@@ -488,21 +491,12 @@ enum class Path {
   loop,
   one_launch_row_major,
   one_launch_grouped,
-  one_launch_wide,
-  one_launch_staged,          // grouped order, square tile, C through shared memory (not its default)
-  one_launch_wide_registers,  // grouped order, wide tile, C from registers (not its default)
+  one_launch_wide,  // the chapter's `after`: grouped order, 128 x 256 tile
   cublas_loop,
   cublas_grouped
 };
 
-bool is_wide(Path path) { return path == Path::one_launch_wide || path == Path::one_launch_wide_registers; }
-
-// How a path stores C: each tile's default but on the two paths that ask for the other store.
-CStore c_store_of(Path path) {
-  if (path == Path::one_launch_staged) return CStore::through_shared_memory;
-  if (path == Path::one_launch_wide_registers) return CStore::from_registers;
-  return CStore::tile_default;
-}
+bool is_wide(Path path) { return path == Path::one_launch_wide; }
 
 // The paths of this chapter's one-launch kernel that this GPU runs (the wide tile needs 144 KiB).
 bool runs_here(Path path) { return !is_wide(path) || kc::ch05::grouped_tile_supported(GroupedTile::wide_128x256); }
@@ -513,8 +507,6 @@ const char* name_of(Path path) {
     case Path::one_launch_row_major: return "one_launch_row_major";
     case Path::one_launch_grouped: return "one_launch_grouped";
     case Path::one_launch_wide: return "one_launch_wide";
-    case Path::one_launch_staged: return "one_launch_staged";
-    case Path::one_launch_wide_registers: return "one_launch_wide_registers";
     case Path::cublas_loop: return "cublas_loop";
     case Path::cublas_grouped: return "cublas_grouped";
   }
@@ -524,29 +516,25 @@ const char* name_of(Path path) {
 // Runs `path` into a poisoned, guarded C and returns it.
 std::vector<bf16> run_path(const Problem& p, Path path, kc::ch02::CublasHandle& cublas, int group_m = 8,
                            std::size_t* guard_damage = nullptr) {
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  const bf16 *a = d.a.data(), *w = d.w.data();
+  const std::int32_t* offsets = d.offsets.data();
   kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   switch (path) {
-    case Path::loop: kc::ch05::grouped_gemm_loop(p.shape, a.data(), w.data(), c.data(), p.offsets); break;
+    case Path::loop: kc::ch05::grouped_gemm_loop(p.shape, a, w, c.data(), p.offsets); break;
     case Path::one_launch_row_major:
     case Path::one_launch_grouped:
-    case Path::one_launch_wide:
-    case Path::one_launch_staged:
-    case Path::one_launch_wide_registers: {
+    case Path::one_launch_wide: {
       const GroupedGemmOptions options{path == Path::one_launch_row_major ? TileOrder::row_major : TileOrder::grouped,
-                                       group_m, is_wide(path) ? GroupedTile::wide_128x256 : GroupedTile::square_128x128,
-                                       c_store_of(path)};
-      kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size(),
-                             options);
+                                       group_m,
+                                       is_wide(path) ? GroupedTile::wide_128x256 : GroupedTile::square_128x128};
+      kc::ch05::grouped_gemm(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size(), options);
       break;
     }
-    case Path::cublas_loop:
-      kc::ch05::cublas_grouped_loop(cublas, p.shape, a.data(), w.data(), c.data(), p.offsets);
-      break;
+    case Path::cublas_loop: kc::ch05::cublas_grouped_loop(cublas, p.shape, a, w, c.data(), p.offsets); break;
     case Path::cublas_grouped: {
-      const kc::ch05::CublasGroupedGemm grouped(p.shape, a.data(), w.data(), c.data(), p.offsets);
+      const kc::ch05::CublasGroupedGemm grouped(p.shape, a, w, c.data(), p.offsets);
       grouped.run(cublas);
       kc::check(cudaDeviceSynchronize());
       break;
@@ -578,7 +566,7 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
     const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
     const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
     for (Path path : {Path::loop, Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide,
-                      Path::one_launch_staged, Path::one_launch_wide_registers, Path::cublas_grouped}) {
+                      Path::cublas_grouped}) {
       for (int group_m : {1, 3, 8}) {
         if (path != Path::one_launch_grouped && path != Path::one_launch_wide && group_m != 8) continue;
         if (!runs_here(path)) continue;
@@ -602,18 +590,6 @@ TEST_F(GroupedGemmGpu, EveryPathMatchesFp64AndCublas) {
     ASSERT_EQ(looped.size(), launched.size());
     EXPECT_EQ(std::memcmp(looped.data(), launched.data(), looped.size() * sizeof(bf16)), 0)
         << "the loop and the one launch differ";
-    // The staged store rounds the same accumulators once, as the store from registers does: the same
-    // bits, poison included, on both tiles (trials with N % 8 != 0 take its element-by-element path).
-    // The square tile stores from registers by default, the wide tile through shared memory.
-    for (const auto& [from_registers, staged] : {std::pair{Path::one_launch_grouped, Path::one_launch_staged},
-                                                 std::pair{Path::one_launch_wide_registers, Path::one_launch_wide}}) {
-      if (!runs_here(staged)) continue;
-      SCOPED_TRACE(std::string(name_of(from_registers)) + " vs " + name_of(staged));
-      const std::vector<bf16> stored = run_path(p, from_registers, cublas);
-      const std::vector<bf16> staged_stored = run_path(p, staged, cublas);
-      EXPECT_EQ(std::memcmp(stored.data(), staged_stored.data(), stored.size() * sizeof(bf16)), 0)
-          << "the staged store and the store from registers differ";
-    }
   }
 }
 
@@ -626,8 +602,7 @@ TEST_F(GroupedGemmGpu, LargeSkewedCase) {
   kc::ch02::CublasHandle cublas;
   const std::vector<bf16> reference = run_path(p, Path::cublas_loop, cublas);
   const std::vector<double> reference_d = kc::ref::widen(std::span<const bf16>(reference));
-  for (Path path :
-       {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide, Path::one_launch_wide_registers}) {
+  for (Path path : {Path::one_launch_row_major, Path::one_launch_grouped, Path::one_launch_wide}) {
     SCOPED_TRACE(name_of(path));
     if (!runs_here(path)) continue;
     const std::vector<bf16> got = run_path(p, path, cublas);
@@ -640,57 +615,55 @@ TEST_F(GroupedGemmGpu, LargeSkewedCase) {
 TEST_F(GroupedGemmGpu, AllExpertsEmpty) {
   const Problem p = random_problem(std::vector<std::int32_t>(16, 0), 64, 64, 1, 40);
   kc::ch02::CublasHandle cublas;
-  for (Path path : {Path::loop, Path::one_launch_grouped, Path::one_launch_wide, Path::one_launch_staged,
-                    Path::one_launch_wide_registers, Path::cublas_grouped}) {
+  for (Path path : {Path::loop, Path::one_launch_grouped, Path::one_launch_wide, Path::cublas_grouped}) {
     if (!runs_here(path)) continue;
-    const std::vector<bf16> got = run_path(p, path, cublas);
-    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << name_of(path);
+    expect_all_poisoned(run_path(p, path, cublas), name_of(path));
   }
 }
 
 // Rejected calls launch nothing: the poisoned output stays poisoned.
 TEST_F(GroupedGemmGpu, BadArgumentsWriteNothing) {
   const Problem p = random_problem({5, 0, 7}, 32, 64, 3);
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
   kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   expect_invalid_argument(
       [&] {
-        kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+        kc::ch05::grouped_gemm(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), workspace.data(),
                                workspace.size(), {TileOrder::grouped, 0});
       },
       "options.group_m (0) must be >= 1");
   expect_invalid_argument(
       [&] {
-        kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), c.data(), workspace.size());
+        kc::ch05::grouped_gemm(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), c.data(), workspace.size());
       },
       "workspace must not overlap c");
   kc::check(cudaDeviceSynchronize());
-  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(c.to_host()), kc::test::kPoisonByte), c.size());
+  expect_all_poisoned(c.to_host(), "a rejected call wrote c");
 }
 
-// The one launch neither allocates nor synchronises, and repeats bit for bit.
+// The one launch neither allocates nor synchronises, and repeats bit for bit, on both tiles.
 TEST_F(GroupedGemmGpu, GraphCapturableAndRepeatable) {
   const Problem p = random_problem({130, 0, 1, 257, 64}, 200, 136, kc::test::test_seed());
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w), c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  kc::DeviceBuffer<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
-  // The first call on a device sets the kernel's shared-memory attribute: outside the capture.
-  kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size());
-  kc::check(cudaDeviceSynchronize());
-  const kc::test::LaunchUnderTest run{[&](cudaStream_t stream) {
-                                        kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(),
-                                                               workspace.data(), workspace.size(), {}, stream);
-                                      },
-                                      [&] { c.fill_bytes(kc::test::kPoisonByte); },
-                                      [&] {
-                                        const std::vector<bf16> h = c.to_host();
-                                        const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
-                                        return std::vector<unsigned char>(bytes, bytes + h.size() * sizeof(bf16));
-                                      }};
-  kc::test::expect_graph_capturable(run);
-  kc::test::expect_bitwise_repeatable(run);
+  for (GroupedTile tile : {GroupedTile::square_128x128, GroupedTile::wide_128x256}) {
+    if (!kc::ch05::grouped_tile_supported(tile)) continue;
+    SCOPED_TRACE(tile == GroupedTile::wide_128x256 ? "wide tile (after)" : "square tile");
+    const GroupedGemmOptions options{TileOrder::grouped, kc::ch05::kDefaultGroupM, tile};
+    const auto launch = [&](cudaStream_t stream) {
+      kc::ch05::grouped_gemm(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), workspace.data(),
+                             workspace.size(), options, stream);
+    };
+    // The first call on a device sets the kernel's shared-memory attribute: outside the capture.
+    launch(nullptr);
+    kc::check(cudaDeviceSynchronize());
+    const kc::test::LaunchUnderTest run{launch, [&] { c.fill_bytes(kc::test::kPoisonByte); },
+                                        [&] { return bytes_of(c); }};
+    kc::test::expect_graph_capturable(run);
+    kc::test::expect_bitwise_repeatable(run);
+  }
 }
 
 // The permutation kernels against the reference, then the combine against fp64: ties (repeated

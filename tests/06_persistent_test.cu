@@ -30,12 +30,7 @@
 
 namespace {
 
-using kc::test::grouped::expect_matches_fp64;
-using kc::test::grouped::HostBuffer;
-using kc::test::grouped::kTolerance;
-using kc::test::grouped::Problem;
-using kc::test::grouped::random_problem;
-using kc::test::grouped::random_sizes;
+using namespace kc::test::grouped;  // the problems, sizes and checks Chapters 5 and 6 share
 
 using bf16 = __nv_bfloat16;
 using kc::ch06::GroupedGemmShape;
@@ -360,6 +355,66 @@ TEST(PersistentArguments, RulesAndWorkspace) {
   expect_invalid_argument([&] { kc::ch06::grouped_tiles({10, 200, 8, 4}, offsets); }, "must be <= shape.m_total");
 }
 
+// The launch checks every rule that needs no device before it asks the device anything: bad options
+// name their rule on a machine without a GPU (no CUDA error), and an empty problem (M_total = 0,
+// null A and C) passes and launches nothing without a GPU.
+TEST(PersistentArguments, OptionsCheckedBeforeAnyCudaCall) {
+  HostBuffer a, w, c;
+  std::int32_t offsets[9] = {};
+  alignas(16) static unsigned char workspace[1 << 20];
+  const GroupedGemmShape ok{4, 4, 8, 8};
+  auto launch = [&](const GroupedGemmShape& shape, const bf16* a_ptr, bf16* c_ptr, PersistentOptions options) {
+    kc::ch06::grouped_gemm_persistent(shape, a_ptr, w.data, c_ptr, offsets, workspace, sizeof workspace, options);
+  };
+  expect_invalid_argument([&] { launch(ok, a.data, c.data, {static_cast<Scheduler>(9)}); },
+                          "options.scheduler (9) is not a Scheduler");
+  expect_invalid_argument(
+      [&] {
+        launch(ok, a.data, c.data, {Scheduler::stream_k, 0});
+      },
+      "options.group_m (0) must be >= 1");
+  expect_invalid_argument(
+      [&] {
+        launch(ok, a.data, c.data, {Scheduler::stream_k, 8, 101});
+      },
+      "options.stream_k_max_tail_percent (101) must be in [0, 100]");
+  EXPECT_NO_THROW(kc::ch06::validate_persistent_options(PersistentOptions{}));
+  EXPECT_EQ(kc::ch06::persistent_grid({0, 4, 8, 8}, Scheduler::stream_k), 1) << "no tile: no device query";
+  EXPECT_NO_THROW(launch({0, 4, 8, 8}, nullptr, nullptr, {}));
+}
+
+// schedule.hpp's example, a plan written out by hand (so this test does not depend on
+// stream_k_plan): 192 tiles, 132 blocks, 112 slices per tile. 6720 Stream-K slices, so block b's
+// range is [b·6720/132, (b+1)·6720/132). Block 0 takes whole tile 0, then slices [0, 50) of tile
+// 132; block 2 takes whole tile 2, then its range [101, 152) straddles two tiles: first its part of
+// the later one (tile 133, slices [0, 40)), then the last slices of the earlier one (tile 132, [101, 112)).
+TEST(PersistentSchedule, StreamKUnitsOfTheExample) {
+  StreamKPlan p;
+  p.tiles = 192;
+  p.k_tiles = 112;
+  p.grid = 132;
+  p.dp_tiles = 132;
+  p.sk_tiles = 60;
+  p.sk_blocks = 132;
+  p.sk_iters = 6720;
+  struct Unit {
+    int tile, k_begin, k_end;
+  };
+  const auto expect_units = [&](int block, std::vector<Unit> want) {
+    ASSERT_EQ(kc::ch06::units_of_block(p, block), static_cast<int>(want.size())) << "block " << block;
+    for (std::size_t u = 0; u < want.size(); ++u) {
+      const kc::ch06::WorkUnit got = kc::ch06::unit_of_block(p, block, static_cast<int>(u));
+      EXPECT_EQ(got.tile, want[u].tile) << "block " << block << " unit " << u;
+      EXPECT_EQ(got.k_begin, want[u].k_begin) << "block " << block << " unit " << u;
+      EXPECT_EQ(got.k_end, want[u].k_end) << "block " << block << " unit " << u;
+    }
+  };
+  expect_units(0, {{0, 0, 112}, {132, 0, 50}});
+  expect_units(1, {{1, 0, 112}, {132, 50, 101}});
+  expect_units(2, {{2, 0, 112}, {133, 0, 40}, {132, 101, 112}});
+  expect_units(131, {{131, 0, 112}, {191, 61, 112}});
+}
+
 // ---------------------------------------------------------------- GPU
 
 const char* name_of(Scheduler s) {
@@ -380,19 +435,19 @@ bool splits_k(Scheduler s) { return s == Scheduler::stream_k || s == Scheduler::
 
 // Runs Chapter 5's kernel (scheduler == nullptr) or the persistent one into a poisoned, guarded C.
 std::vector<bf16> run_path(const Problem& p, const Scheduler* scheduler, std::size_t* guard_damage = nullptr,
-                           int max_tail_percent = kc::ch06::kDefaultMaxTailPercent, bool claim_tail = true) {
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+                           int max_tail_percent = kc::ch06::kDefaultMaxTailPercent) {
+  const DeviceProblem d(p);
+  const bf16 *a = d.a.data(), *w = d.w.data();
+  const std::int32_t* offsets = d.offsets.data();
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   if (scheduler == nullptr) {
     kc::DeviceBuffer<unsigned char> workspace(kc::ch05::grouped_gemm_workspace_bytes(p.shape));
-    kc::ch05::grouped_gemm(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(), workspace.size());
+    kc::ch05::grouped_gemm(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size());
   } else {
     kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
     kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.size());
-    kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                      workspace.size(),
-                                      {*scheduler, kc::ch05::kDefaultGroupM, max_tail_percent, claim_tail});
+    kc::ch06::grouped_gemm_persistent(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size(),
+                                      {*scheduler, kc::ch05::kDefaultGroupM, max_tail_percent});
   }
   kc::check(cudaDeviceSynchronize());
   if (guard_damage != nullptr) *guard_damage = c.guard_damage();
@@ -455,26 +510,10 @@ TEST_F(PersistentGpu, TailCaseMatchesChapter5) {
   }
 }
 
-// The tail (split-K's units, Stream-K's ranges), claimed by whichever blocks finish their whole
-// tiles first or taken by block b for range b: the same units, partials and order of sums, so the
-// same bits (the tail case above, where the split-K grid has more blocks than the tail has units on
-// an H200, so some blocks take none).
-TEST_F(PersistentGpu, ClaimingTheTailChangesNoBit) {
-  if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
-  const Problem p = random_problem({384, 384, 384, 384}, 2048, 1024, kc::test::test_seed());
-  for (Scheduler s : {Scheduler::split_k_tail, Scheduler::stream_k}) {
-    SCOPED_TRACE(name_of(s));
-    const std::vector<bf16> claimed = run_path(p, &s, nullptr, 100, true);
-    const std::vector<bf16> unclaimed = run_path(p, &s, nullptr, 100, false);
-    expect_matches_fp64(p, claimed, 12);
-    EXPECT_EQ(std::memcmp(claimed.data(), unclaimed.data(), claimed.size() * sizeof(bf16)), 0);
-  }
-}
-
 // A launch leaves every counter it used at zero (the last ticket's drawer and each owner warp reset
 // theirs), so one workspace, zeroed once when new, serves launches of any shape and grid in a row:
 // here the tail case (every block in a split tile's range), a small problem (a grid of a few
-// blocks) and a mid-sized one, every scheduler with and without a claimed tail, in turns. Each
+// blocks) and a mid-sized one, every scheduler, in turns. Each
 // result matches Chapter 5, and the counters read back all zero after every launch.
 TEST_F(PersistentGpu, CountersComeBackZero) {
   if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
@@ -496,20 +535,18 @@ TEST_F(PersistentGpu, CountersComeBackZero) {
       kc::DeviceBuffer<bf16> a(p.a), w(p.w);
       kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
       for (Scheduler s : kAll) {
-        for (bool claim : {true, false}) {
-          SCOPED_TRACE(std::string(name_of(s)) + (claim ? " claimed" : " unclaimed") +
-                       " E=" + std::to_string(p.shape.experts) + " round " + std::to_string(round));
-          kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
-          kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                            workspace.bytes(), {s, kc::ch05::kDefaultGroupM, 100, claim});
-          kc::check(cudaDeviceSynchronize());
-          const std::vector<bf16> got = c.to_host();
-          kc::test::expect_close(kc::compare<bf16>(got, chapter5_d, kc::test::kPoisonByte), kTolerance, "vs Chapter 5");
-          const std::vector<std::int32_t> words = workspace.to_host();
-          EXPECT_EQ(std::count(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(counter_words), 0),
-                    static_cast<std::ptrdiff_t>(counter_words))
-              << "a counter was left non-zero";
-        }
+        SCOPED_TRACE(std::string(name_of(s)) + " E=" + std::to_string(p.shape.experts) + " round " +
+                     std::to_string(round));
+        kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
+        kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
+                                          workspace.bytes(), {s, kc::ch05::kDefaultGroupM, 100});
+        kc::check(cudaDeviceSynchronize());
+        const std::vector<bf16> got = c.to_host();
+        kc::test::expect_close(kc::compare<bf16>(got, chapter5_d, kc::test::kPoisonByte), kTolerance, "vs Chapter 5");
+        const std::vector<std::int32_t> words = workspace.to_host();
+        EXPECT_EQ(std::count(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(counter_words), 0),
+                  static_cast<std::ptrdiff_t>(counter_words))
+            << "a counter was left non-zero";
       }
     }
   }
@@ -518,65 +555,58 @@ TEST_F(PersistentGpu, CountersComeBackZero) {
 TEST_F(PersistentGpu, AllExpertsEmpty) {
   const Problem p = random_problem(std::vector<std::int32_t>(16, 0), 64, 64, 1, 40);
   for (Scheduler s : kAll) {
-    const std::vector<bf16> got = run_path(p, &s);
-    EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kc::test::kPoisonByte), got.size()) << name_of(s);
+    expect_all_poisoned(run_path(p, &s), name_of(s));
   }
 }
 
 TEST_F(PersistentGpu, BadArgumentsWriteNothing) {
   const Problem p = random_problem({5, 0, 7}, 32, 64, 3);
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w);
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  const bf16 *a = d.a.data(), *w = d.w.data();
+  const std::int32_t* offsets = d.offsets.data();
   kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   expect_invalid_argument(
       [&] {
-        kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                          workspace.size(), {Scheduler::stream_k, 0});
+        kc::ch06::grouped_gemm_persistent(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size(),
+                                          {Scheduler::stream_k, 0});
       },
       "options.group_m (0) must be >= 1");
   expect_invalid_argument(
       [&] {
-        kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                          workspace.size() - 256);
+        kc::ch06::grouped_gemm_persistent(p.shape, a, w, c.data(), offsets, workspace.data(), workspace.size() - 256);
       },
       "must be >= ");
   expect_invalid_argument(
       [&] {
-        kc::ch06::grouped_gemm_persistent({p.shape.m_total, p.shape.n, 12, 3}, a.data(), w.data(), c.data(),
-                                          offsets.data(), workspace.data(), workspace.size());
+        kc::ch06::grouped_gemm_persistent({p.shape.m_total, p.shape.n, 12, 3}, a, w, c.data(), offsets,
+                                          workspace.data(), workspace.size());
       },
       "shape.k (12) must be a multiple of 8");
   kc::check(cudaDeviceSynchronize());
-  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(c.to_host()), kc::test::kPoisonByte), c.size());
+  expect_all_poisoned(c.to_host(), "a rejected call wrote c");
 }
 
 // Every scheduler neither allocates nor synchronises, and repeats bit for bit (Stream-K included:
 // each split tile's owner adds its partners' partials in a fixed order whoever finishes first).
 TEST_F(PersistentGpu, GraphCapturableAndBitwiseRepeatable) {
   const Problem p = random_problem({130, 0, 1, 257, 64, 384, 384}, 1000, 520, kc::test::test_seed());
-  kc::DeviceBuffer<bf16> a(p.a), w(p.w), c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
-  kc::DeviceBuffer<std::int32_t> offsets(p.offsets);
+  const DeviceProblem d(p);
+  kc::DeviceBuffer<bf16> c(static_cast<std::size_t>(p.shape.m_total * p.shape.n));
   kc::DeviceBuffer<unsigned char> workspace(kc::ch06::grouped_gemm_persistent_workspace_bytes(p.shape));
   kc::ch06::grouped_gemm_persistent_workspace_init(workspace.data(), workspace.size());
   for (Scheduler s : kAll) {
     SCOPED_TRACE(name_of(s));
     const PersistentOptions options{s, kc::ch05::kDefaultGroupM, 100};
+    const auto launch = [&](cudaStream_t stream) {
+      kc::ch06::grouped_gemm_persistent(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), workspace.data(),
+                                        workspace.size(), options, stream);
+    };
     // The first call on a device sets the attributes and queries occupancy: outside the capture.
-    kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(), offsets.data(), workspace.data(),
-                                      workspace.size(), options);
+    launch(nullptr);
     kc::check(cudaDeviceSynchronize());
-    const kc::test::LaunchUnderTest run{[&](cudaStream_t stream) {
-                                          kc::ch06::grouped_gemm_persistent(p.shape, a.data(), w.data(), c.data(),
-                                                                            offsets.data(), workspace.data(),
-                                                                            workspace.size(), options, stream);
-                                        },
-                                        [&] { c.fill_bytes(kc::test::kPoisonByte); },
-                                        [&] {
-                                          const std::vector<bf16> h = c.to_host();
-                                          const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
-                                          return std::vector<unsigned char>(bytes, bytes + h.size() * sizeof(bf16));
-                                        }};
+    const kc::test::LaunchUnderTest run{launch, [&] { c.fill_bytes(kc::test::kPoisonByte); },
+                                        [&] { return bytes_of(c); }};
     kc::test::expect_graph_capturable(run);
     kc::test::expect_bitwise_repeatable(run, 5);
   }

@@ -1,19 +1,21 @@
-// Test problems of the grouped-GEMM chapters (5 and 6, later 7 and 8): random group sizes of the
+// Test problems of the grouped-GEMM chapters (5 and 6, and later ones): random group sizes of the
 // kinds the issues ask for, a random problem in the MoE layout, and the sampled fp64 check. Both
 // chapters test against the same definitions, so a problem means the same thing in each.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "grouped_gemm.hpp"
 #include "kc/compare.hpp"
+#include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
-#include "kc/reference.hpp"
 #include "kc/test_support.hpp"
 
 namespace kc::test::grouped {
@@ -66,18 +68,48 @@ inline Problem random_problem(const std::vector<std::int32_t>& sizes, std::int64
   return p;
 }
 
+// A problem's inputs on the device.
+struct DeviceProblem {
+  kc::DeviceBuffer<bf16> a, w;
+  kc::DeviceBuffer<std::int32_t> offsets;
+  explicit DeviceProblem(const Problem& p) : a(p.a), w(p.w), offsets(p.offsets) {}
+};
+
+// The bytes of a device output, for the bitwise checks (bf16's NaN poison compares unequal as values).
+inline std::vector<unsigned char> bytes_of(const kc::DeviceBuffer<bf16>& c) {
+  const std::vector<bf16> h = c.to_host();
+  const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
+  return std::vector<unsigned char>(bytes, bytes + h.size() * sizeof(bf16));
+}
+
+// Every element of @p got still holds the poison: nothing was written.
+inline void expect_all_poisoned(const std::vector<bf16>& got, const std::string& what) {
+  EXPECT_EQ(kc::count_poisoned(std::span<const bf16>(got), kPoisonByte), got.size()) << what;
+}
+
+// C[row, col] in fp64 straight from the bf16 inputs: the sum grouped_gemm_reference_element adds,
+// in the same order, without widening all of W first (64 experts of 4096 × 1024 are 2 GB as doubles).
+inline double reference_element(const Problem& p, std::int64_t row, std::int64_t col) {
+  const auto it = std::upper_bound(p.offsets.begin(), p.offsets.end(), static_cast<std::int32_t>(row));
+  const std::int64_t e = (it - p.offsets.begin()) - 1;  // the last e with offsets[e] <= row
+  const std::int64_t k = p.shape.k;
+  const bf16* ar = p.a.data() + row * k;
+  const bf16* wr = p.w.data() + (e * p.shape.n + col) * k;
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < k; ++i) sum += kc::to_double(ar[i]) * kc::to_double(wr[i]);
+  return sum;
+}
+
 // Sampled fp64 check: every row's first and last columns, plus random elements. Rows of no expert
 // must still hold the poison.
 inline void expect_matches_fp64(const Problem& p, const std::vector<bf16>& got, std::uint64_t seed) {
-  const std::vector<double> a = kc::ref::widen(std::span<const bf16>(p.a));
-  const std::vector<double> w = kc::ref::widen(std::span<const bf16>(p.w));
   std::vector<bf16> sampled;
   std::vector<double> want;
   std::mt19937_64 rng(seed);
   const std::int64_t rows = p.offsets.back(), n = p.shape.n;
   auto sample = [&](std::int64_t r, std::int64_t col) {
     sampled.push_back(got[static_cast<std::size_t>(r * n + col)]);
-    want.push_back(kc::ch05::grouped_gemm_reference_element(a, w, p.offsets, n, p.shape.k, r, col));
+    want.push_back(reference_element(p, r, col));
   };
   for (std::int64_t r = 0; r < rows; ++r) {
     sample(r, 0);

@@ -16,8 +16,10 @@
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):
 /// M_total in [0, 2^31 - 1], N and K in [1, 2^31 - 1], K a multiple of 8, E in [1, kMaxExperts];
-/// a, w, c, offsets not null; a and w 16-byte aligned, c 2-byte aligned, offsets 4-byte aligned;
-/// c overlapping none of a, w, offsets (or the workspace).
+/// w and offsets not null, a and c not null when M_total > 0 (an empty tensor's data pointer may be
+/// null: with M_total = 0 there is nothing to compute, C has no element, and nothing is launched);
+/// a and w 16-byte aligned, c 2-byte aligned, offsets 4-byte aligned; c overlapping none of a, w,
+/// offsets (or the workspace).
 ///
 /// Launch paths neither allocate nor synchronise (CUDA-graph capturable). The first call on a
 /// device raises the kernel's shared-memory limit once (cudaFuncSetAttribute, not allowed during
@@ -30,9 +32,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
-#include "tile_map.hpp"
+// Angle brackets: the exercise build puts the skeleton's tile_map.hpp first on the include path.
+#include <tile_map.hpp>
 
 namespace kc::ch05 {
 
@@ -51,39 +55,29 @@ struct GroupedGemmShape {
 
 /// The block tile the one-launch kernel runs (Chapter 2's tiles).
 enum class GroupedTile {
-  square_128x128,  ///< Chapter 2's "medium" tile: 8 warps of 64 × 32, 128 KiB (96 KiB on 99 KiB parts)
-  wide_128x256,    ///< Chapter 2's "large" tile: 8 warps of 64 × 64, 192 KiB (144 KiB on sm_80); not on 99 KiB parts
+  /// Chapter 2's "medium" tile: 8 warps of 64 × 32, 128 KiB (96 KiB on 99 KiB parts); C stored
+  /// from registers, as Chapter 2 stores this tile.
+  square_128x128,
+  /// Chapter 2's "large" tile: 8 warps of 64 × 64, 192 KiB (144 KiB on sm_80), not on 99 KiB parts;
+  /// C stored through shared memory (Chapter 2's StagedStore), whole 256-byte rows per warp.
+  wide_128x256,
 };
 
-/// How the one-launch kernel's blocks store their tile of C. The same bits either way; which is
-/// faster is measured by the benchmark's KC_TUNE rows (docs/notes/ch05.md).
-enum class CStore {
-  /// As Chapter 2 stores the same tile: through shared memory on the wide tile (Chapter 2's large
-  /// tile), from registers on the square tile (Chapter 2's medium tile), where the staged store
-  /// measured no faster.
-  tile_default,
-  from_registers,         ///< each thread stores its accumulators, 16 bytes in each of 8 rows at once
-  through_shared_memory,  ///< staged, a warp writing whole 256-byte rows (Chapter 2's StagedStore)
-};
-
-/// How the one-launch kernel orders its tiles, which tile it runs and how it stores C.
+/// How the one-launch kernel orders its tiles and which tile it runs. The chapter's `after` is
+/// {grouped, 8, wide_128x256}; the default tile is the square one, which fits every GPU the course
+/// supports (grouped_tile_supported() says whether the wide one fits this one).
 struct GroupedGemmOptions {
   TileOrder order = TileOrder::grouped;            ///< launch order of the tiles
   int group_m = kDefaultGroupM;                    ///< grouped order's band height in m-tiles, >= 1
   GroupedTile tile = GroupedTile::square_128x128;  ///< block tile
-  CStore c_store = CStore::tile_default;           ///< how C leaves each block
 };
-
-/// True when the one launch with @p options stores C through shared memory: options.c_store
-/// through_shared_memory, or tile_default on the wide tile. Host-only.
-bool stores_c_through_shared_memory(const GroupedGemmOptions& options);
 
 /// Columns of C per block tile of @p tile (128 or 256; rows are always kBlockM).
 constexpr int block_n_of(GroupedTile tile) { return tile == GroupedTile::wide_128x256 ? 256 : 128; }
 
 /// The block tile of this chapter's kernels by default (GroupedTile::square_128x128), which the
-/// loop, the tile maps' lesson and Chapter 6 use: Chapter 2's 128 × 128 "medium" tile (4 pipeline
-/// stages, or 3 on the 99 KiB parts). Rows per block tile (for every GroupedTile):
+/// loop and the tile maps' lesson use: Chapter 2's 128 × 128 "medium" tile (4 pipeline stages, or
+/// 3 on the 99 KiB parts). Rows per block tile (for every GroupedTile):
 inline constexpr int kBlockM = 128;
 /// Columns per block tile.
 inline constexpr int kBlockN = 128;
@@ -94,7 +88,7 @@ void validate_grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a
                            const __nv_bfloat16* c, const std::int32_t* offsets);
 
 /// Checks what grouped_gemm() needs beyond validate_grouped_gemm(): options.order a TileOrder,
-/// options.group_m >= 1, options.tile a GroupedTile, options.c_store a CStore, and a workspace of at least
+/// options.group_m >= 1, options.tile a GroupedTile, and a workspace of at least
 /// grouped_gemm_workspace_bytes(shape) bytes, 4-byte aligned, not overlapping c. Host-only; throws kc::InvalidArgument.
 void validate_grouped_gemm_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
                                    const GroupedGemmOptions& options, const void* workspace,
@@ -118,6 +112,7 @@ bool grouped_tile_supported(GroupedTile tile);
 /// the device offsets into the m-tile prefix over experts (in @p workspace); the GEMM kernel's
 /// blocks map their id to a tile in @p options.order, find its expert by binary search over the
 /// prefix, and run Chapter 2's block tile on that expert's rows and weights. Surplus blocks exit.
+/// With M_total = 0 it launches nothing (a and c may then be null).
 /// @param shape sizes
 /// @param a [M_total, K] permuted tokens
 /// @param w [E, N, K] expert weights
@@ -125,7 +120,7 @@ bool grouped_tile_supported(GroupedTile tile);
 /// @param offsets [E + 1] device row offsets
 /// @param workspace device scratch of grouped_gemm_workspace_bytes(shape), 4-byte aligned
 /// @param workspace_bytes its size
-/// @param options tile order
+/// @param options tile order, band height and block tile
 /// @param stream the stream to enqueue on
 void grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
                   const std::int32_t* offsets, void* workspace, std::size_t workspace_bytes,
@@ -257,6 +252,27 @@ enum class GroupSizes {
 /// Host group sizes of @p kind for @p rows rows over @p experts experts; they sum to @p rows.
 /// Throws kc::InvalidArgument for experts outside [1, kMaxExperts] or negative rows.
 std::vector<std::int32_t> group_sizes(GroupSizes kind, int experts, std::int32_t rows);
+
+/// One benchmark case (the benchmarks, the tests and the lessons share them).
+struct GroupedCase {
+  std::string label;                ///< e.g. "G256xM128_N4096_K7168"; never a prefix of another case's
+  GroupedGemmShape shape;           ///< sizes
+  std::vector<std::int32_t> sizes;  ///< rows per expert
+};
+
+/// @p experts experts of @p rows_per_expert rows each, labelled
+/// `<prefix>G<experts>xM<rows_per_expert>_N<n>_K<k>`.
+GroupedCase uniform_case(int experts, std::int32_t rows_per_expert, std::int64_t n, std::int64_t k,
+                         const std::string& prefix = "");
+
+/// @p rows rows over @p experts experts by @p kind (zipf, one_hot or quarter_empty), labelled
+/// `E<experts>_M<rows>_<zipf|hot|empty25>_N<n>_K<k>`.
+GroupedCase skewed_case(GroupSizes kind, int experts, std::int32_t rows, std::int64_t n, std::int64_t k);
+
+/// The chapter's eight benchmark cases: DeepSeek-V3 up (N 4096, K 7168) as G8×4096, G32×256,
+/// G256×128 and 256 experts over 8192 rows (Zipf, one hot, 25 % empty); DeepSeek-V3 down
+/// G8×4096 (N 7168, K 2048); Mixtral up G8×4096 (N 28672, K 4096).
+std::vector<GroupedCase> benchmark_cases();
 
 // ---------------------------------------------------------------------- the lesson's arithmetic
 

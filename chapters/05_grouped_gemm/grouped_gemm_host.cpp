@@ -1,4 +1,4 @@
-// Host-side rules, sizes, references and the lesson's arithmetic for Chapter 5. No CUDA call here:
+// Host-side rules, sizes and the lesson's arithmetic for Chapter 5. No CUDA call here:
 // everything is tested on machines without a GPU.
 #include <algorithm>
 #include <cmath>
@@ -7,21 +7,13 @@
 
 #include "grouped_gemm.hpp"
 #include "kc/check.hpp"
+#include "kc/validate.hpp"
 
 namespace kc::ch05 {
 
 namespace {
 
 constexpr std::int64_t kIntMax = 0x7FFFFFFF;
-
-bool aligned_to(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
-
-// True when the byte ranges [x, x + x_bytes) and [y, y + y_bytes) share at least one byte.
-bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t y_bytes) {
-  const auto xs = reinterpret_cast<std::uintptr_t>(x);
-  const auto ys = reinterpret_cast<std::uintptr_t>(y);
-  return x_bytes > 0 && y_bytes > 0 && xs < ys + y_bytes && ys < xs + x_bytes;
-}
 
 std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -58,22 +50,24 @@ void validate_grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a
     throw InvalidArgument("the grid (" + std::to_string(blocks) +
                           " blocks for shape.m_total x shape.n) must be at most 2^31 - 1 blocks");
   }
-  if (a == nullptr) throw InvalidArgument("a must not be null");
+  // A [M_total, K] and C [M_total, N] are empty when M_total = 0, and an empty tensor's data
+  // pointer may be null (PyTorch's is); W [E, N, K] and offsets [E + 1] never are.
+  if (shape.m_total > 0 && a == nullptr) throw InvalidArgument("a must not be null when shape.m_total > 0");
   if (w == nullptr) throw InvalidArgument("w must not be null");
-  if (c == nullptr) throw InvalidArgument("c must not be null");
+  if (shape.m_total > 0 && c == nullptr) throw InvalidArgument("c must not be null when shape.m_total > 0");
   if (offsets == nullptr) throw InvalidArgument("offsets must not be null");
-  if (!aligned_to(a, 16)) throw InvalidArgument("a must be 16-byte aligned (16-byte rows for cp.async)");
-  if (!aligned_to(w, 16)) throw InvalidArgument("w must be 16-byte aligned (16-byte rows for cp.async)");
-  if (!aligned_to(c, 2)) throw InvalidArgument("c must be 2-byte aligned (the alignment of bf16)");
-  if (!aligned_to(offsets, 4)) throw InvalidArgument("offsets must be 4-byte aligned (int32)");
+  if (!kc::aligned_to(a, 16)) throw InvalidArgument("a must be 16-byte aligned (16-byte rows for cp.async)");
+  if (!kc::aligned_to(w, 16)) throw InvalidArgument("w must be 16-byte aligned (16-byte rows for cp.async)");
+  if (!kc::aligned_to(c, 2)) throw InvalidArgument("c must be 2-byte aligned (the alignment of bf16)");
+  if (!kc::aligned_to(offsets, 4)) throw InvalidArgument("offsets must be 4-byte aligned (int32)");
   const auto m = static_cast<std::uint64_t>(shape.m_total);
   const auto n = static_cast<std::uint64_t>(shape.n);
   const auto k = static_cast<std::uint64_t>(shape.k);
   const auto e = static_cast<std::uint64_t>(shape.experts);
   const std::uint64_t c_bytes = m * n * 2;
-  if (overlaps(c, c_bytes, a, m * k * 2)) throw InvalidArgument("c must not overlap a");
-  if (overlaps(c, c_bytes, w, e * n * k * 2)) throw InvalidArgument("c must not overlap w");
-  if (overlaps(c, c_bytes, offsets, (e + 1) * 4)) throw InvalidArgument("c must not overlap offsets");
+  if (kc::overlaps(c, c_bytes, a, m * k * 2)) throw InvalidArgument("c must not overlap a");
+  if (kc::overlaps(c, c_bytes, w, e * n * k * 2)) throw InvalidArgument("c must not overlap w");
+  if (kc::overlaps(c, c_bytes, offsets, (e + 1) * 4)) throw InvalidArgument("c must not overlap offsets");
 }
 
 void validate_grouped_gemm_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
@@ -90,32 +84,21 @@ void validate_grouped_gemm_options(const GroupedGemmShape& shape, const __nv_bfl
   if (tile != static_cast<int>(GroupedTile::square_128x128) && tile != static_cast<int>(GroupedTile::wide_128x256)) {
     throw InvalidArgument("options.tile (" + std::to_string(tile) + ") is not a GroupedTile");
   }
-  const int c_store = static_cast<int>(options.c_store);
-  if (c_store < static_cast<int>(CStore::tile_default) || c_store > static_cast<int>(CStore::through_shared_memory)) {
-    throw InvalidArgument("options.c_store (" + std::to_string(c_store) + ") is not a CStore");
-  }
   const std::size_t needed = grouped_gemm_workspace_bytes(shape);
   if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
-  if (!aligned_to(workspace, 4)) throw InvalidArgument("workspace must be 4-byte aligned");
+  if (!kc::aligned_to(workspace, 4)) throw InvalidArgument("workspace must be 4-byte aligned");
   if (workspace_bytes < needed) {
     throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) +
                           ") must be >= " + std::to_string(needed) + " (grouped_gemm_workspace_bytes)");
   }
   const auto c_bytes =
       static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(shape.n) * sizeof(__nv_bfloat16);
-  if (overlaps(c, c_bytes, workspace, needed)) throw InvalidArgument("workspace must not overlap c");
+  if (kc::overlaps(c, c_bytes, workspace, needed)) throw InvalidArgument("workspace must not overlap c");
 }
 
 std::size_t grouped_gemm_workspace_bytes(const GroupedGemmShape& shape) {
   check_experts("shape.experts", shape.experts);
   return round_up_256(static_cast<std::size_t>(shape.experts + 1) * sizeof(std::int32_t));
-}
-
-bool stores_c_through_shared_memory(const GroupedGemmOptions& options) {
-  // The wide tile is Chapter 2's large tile and stores as that does, through shared memory; the
-  // square tile from registers, where the staged store measured no faster (docs/notes/ch05.md).
-  return options.c_store == CStore::through_shared_memory ||
-         (options.c_store == CStore::tile_default && options.tile == GroupedTile::wide_128x256);
 }
 
 std::int64_t grouped_gemm_grid_blocks(const GroupedGemmShape& shape, GroupedTile tile) {
@@ -186,11 +169,11 @@ void validate_permute(const PermuteShape& shape, const std::int32_t* ids, const 
   if (out.row_of_pair == nullptr) throw InvalidArgument("out.row_of_pair must not be null when shape.tokens > 0");
   if (out.token_of_row == nullptr) throw InvalidArgument("out.token_of_row must not be null when shape.tokens > 0");
   if (out.a == nullptr) throw InvalidArgument("out.a must not be null when shape.tokens > 0");
-  if (!aligned_to(x, 16)) throw InvalidArgument("x must be 16-byte aligned");
-  if (!aligned_to(out.a, 16)) throw InvalidArgument("out.a must be 16-byte aligned");
+  if (!kc::aligned_to(x, 16)) throw InvalidArgument("x must be 16-byte aligned");
+  if (!kc::aligned_to(out.a, 16)) throw InvalidArgument("out.a must be 16-byte aligned");
   const auto pairs = static_cast<std::uint64_t>(shape.tokens) * static_cast<std::uint64_t>(shape.k);
   const auto row_bytes = static_cast<std::uint64_t>(shape.hidden) * 2;
-  if (overlaps(out.a, pairs * row_bytes, x, static_cast<std::uint64_t>(shape.tokens) * row_bytes)) {
+  if (kc::overlaps(out.a, pairs * row_bytes, x, static_cast<std::uint64_t>(shape.tokens) * row_bytes)) {
     throw InvalidArgument("out.a must not overlap x");
   }
 }
@@ -201,130 +184,6 @@ std::size_t permute_workspace_bytes(const PermuteShape& shape) {
   const std::int64_t chunks = (pairs + kPairsPerChunk - 1) / kPairsPerChunk;
   return round_up_256(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1)) *
                       static_cast<std::size_t>(shape.experts) * sizeof(std::int32_t));
-}
-
-PermuteReference permute_reference(std::span<const std::int32_t> ids, int k, int experts) {
-  check_experts("experts", experts);
-  if (k < 1 || k > 32) throw InvalidArgument("k (" + std::to_string(k) + ") must be in [1, 32]");
-  if (ids.size() % static_cast<std::size_t>(k) != 0) {
-    throw InvalidArgument("ids.size() (" + std::to_string(ids.size()) + ") must be a multiple of k");
-  }
-  PermuteReference r;
-  r.counts.assign(static_cast<std::size_t>(experts), 0);
-  for (std::int32_t id : ids) {
-    if (id >= 0 && id < experts) ++r.counts[static_cast<std::size_t>(id)];
-  }
-  r.offsets.assign(static_cast<std::size_t>(experts) + 1, 0);
-  for (int e = 0; e < experts; ++e) r.offsets[e + 1] = r.offsets[e] + r.counts[e];
-  r.row_of_pair.assign(ids.size(), -1);
-  r.token_of_row.assign(static_cast<std::size_t>(r.offsets[experts]), -1);
-  std::vector<std::int32_t> next(r.offsets.begin(), r.offsets.end() - 1);
-  for (std::size_t p = 0; p < ids.size(); ++p) {  // (token, slot) order: stable
-    const std::int32_t id = ids[p];
-    if (id < 0 || id >= experts) continue;
-    const std::int32_t row = next[static_cast<std::size_t>(id)]++;
-    r.row_of_pair[p] = row;
-    r.token_of_row[static_cast<std::size_t>(row)] = static_cast<std::int32_t>(p / static_cast<std::size_t>(k));
-  }
-  return r;
-}
-
-// ------------------------------------------------------------------------------- fp64 references
-
-double grouped_gemm_reference_element(std::span<const double> a, std::span<const double> w,
-                                      std::span<const std::int32_t> host_offsets, std::int64_t n, std::int64_t k,
-                                      std::int64_t row, std::int64_t col) {
-  const auto experts = static_cast<std::int64_t>(host_offsets.size()) - 1;
-  // The expert owning the row: the last e with offsets[e] <= row < offsets[e + 1].
-  const auto it = std::upper_bound(host_offsets.begin(), host_offsets.end(), static_cast<std::int32_t>(row));
-  const std::int64_t e = (it - host_offsets.begin()) - 1;
-  if (row < 0 || e < 0 || e >= experts) {
-    throw InvalidArgument("row (" + std::to_string(row) + ") belongs to no expert");
-  }
-  double sum = 0.0;
-  const double* ar = a.data() + row * k;
-  const double* wr = w.data() + (e * n + col) * k;
-  for (std::int64_t i = 0; i < k; ++i) sum += ar[i] * wr[i];
-  return sum;
-}
-
-std::vector<double> grouped_gemm_reference(std::span<const double> a, std::span<const double> w,
-                                           std::span<const std::int32_t> host_offsets, std::int64_t m_total,
-                                           std::int64_t n, std::int64_t k) {
-  std::vector<double> c(static_cast<std::size_t>(m_total * n), std::numeric_limits<double>::quiet_NaN());
-  const std::int64_t rows = host_offsets.empty() ? 0 : host_offsets.back();
-  for (std::int64_t r = 0; r < rows && r < m_total; ++r) {
-    for (std::int64_t col = 0; col < n; ++col) {
-      c[static_cast<std::size_t>(r * n + col)] = grouped_gemm_reference_element(a, w, host_offsets, n, k, r, col);
-    }
-  }
-  return c;
-}
-
-std::vector<std::int32_t> offsets_of_sizes(std::span<const std::int32_t> sizes) {
-  std::vector<std::int32_t> offsets(sizes.size() + 1, 0);
-  std::int64_t total = 0;
-  for (std::size_t e = 0; e < sizes.size(); ++e) {
-    if (sizes[e] < 0) {
-      throw InvalidArgument("sizes[" + std::to_string(e) + "] (" + std::to_string(sizes[e]) + ") must be >= 0");
-    }
-    total += sizes[e];
-    if (total > kIntMax) throw InvalidArgument("the sum of sizes must be at most 2^31 - 1");
-    offsets[e + 1] = static_cast<std::int32_t>(total);
-  }
-  return offsets;
-}
-
-namespace {
-
-// rows shared as evenly as possible among the experts marked in `takes`, extra rows to the first.
-void share_uniformly(std::vector<std::int32_t>& sizes, const std::vector<bool>& takes, std::int32_t rows) {
-  const auto count = static_cast<std::int32_t>(std::count(takes.begin(), takes.end(), true));
-  if (count == 0) return;
-  std::int32_t extra = rows % count;
-  for (std::size_t e = 0; e < sizes.size(); ++e) {
-    if (!takes[e]) continue;
-    sizes[e] += rows / count + (extra > 0 ? 1 : 0);
-    if (extra > 0) --extra;
-  }
-}
-
-}  // namespace
-
-std::vector<std::int32_t> group_sizes(GroupSizes kind, int experts, std::int32_t rows) {
-  check_experts("experts", experts);
-  if (rows < 0) throw InvalidArgument("rows (" + std::to_string(rows) + ") must be >= 0");
-  const auto count = static_cast<std::size_t>(experts);
-  std::vector<std::int32_t> sizes(count, 0);
-  switch (kind) {
-    case GroupSizes::uniform: share_uniformly(sizes, std::vector<bool>(count, true), rows); break;
-    case GroupSizes::zipf: {
-      double harmonic = 0.0;
-      for (int e = 0; e < experts; ++e) harmonic += 1.0 / (e + 1);
-      std::int32_t given = 0;
-      for (int e = 0; e < experts; ++e) {
-        sizes[e] = static_cast<std::int32_t>(std::floor(rows * (1.0 / (e + 1)) / harmonic));
-        given += sizes[e];
-      }
-      for (int e = 0; given < rows; e = (e + 1) % experts, ++given) ++sizes[e];
-      break;
-    }
-    case GroupSizes::one_hot: {
-      sizes[0] = experts == 1 ? rows : rows / 2;
-      std::vector<bool> rest(count, true);
-      rest[0] = false;
-      share_uniformly(sizes, rest, rows - sizes[0]);
-      break;
-    }
-    case GroupSizes::quarter_empty: {
-      std::vector<bool> takes(count);
-      for (std::size_t e = 0; e < count; ++e) takes[e] = e % 4 != 0;
-      if (experts == 1) takes[0] = true;
-      share_uniformly(sizes, takes, rows);
-      break;
-    }
-  }
-  return sizes;
 }
 
 // ---------------------------------------------------------------------- the lesson's arithmetic

@@ -3,7 +3,8 @@
 /// each expert needs, the prefix over them, which (expert, m-tile, n-tile) a block's linear id
 /// names, and the two launch orders (row-major and grouped). The kernels call exactly these
 /// functions and the CPU tests check them: every tile exactly once, bijective orders, empty
-/// experts skipped, any distribution of group sizes. Chapters 6-8 reuse them.
+/// experts skipped, any distribution of group sizes, and the exact visiting order of the drawings
+/// below. Later chapters reuse them.
 ///
 /// Vocabulary. Expert e owns rows [offsets[e], offsets[e+1]) of A and C (its "group"). With block
 /// tiles of BM rows, expert e needs ceil(M_e / BM) m-tiles; numbered one expert after another they
@@ -106,6 +107,13 @@ __host__ __device__ inline void tile_prefix_of(const std::int32_t* offsets, int 
 /// tile_prefix[e + 1] and are never returned: they own no tile. Requires 0 <= m_tile <
 /// tile_prefix[E].
 __host__ __device__ inline int expert_of_m_tile(const std::int32_t* tile_prefix, int experts, int m_tile) {
+  // exercise 1: Binary search for the last expert e with tile_prefix[e] <= m_tile, keeping the
+  // exercise 1: invariant tile_prefix[lo] <= m_tile < tile_prefix[hi] from lo = 0, hi = experts.
+  // exercise 1: Empty experts repeat the next expert's prefix value: "last" skips them.
+  // stub: (void)tile_prefix;
+  // stub: (void)experts;
+  // stub: (void)m_tile;
+  // stub: return 0;
   // Invariant: tile_prefix[lo] <= m_tile < tile_prefix[hi].
   int lo = 0, hi = experts;
   while (hi - lo > 1) {
@@ -117,6 +125,7 @@ __host__ __device__ inline int expert_of_m_tile(const std::int32_t* tile_prefix,
     }
   }
   return lo;
+  // end exercise 1
 }
 
 /// Expert, first row and rows left of global m-tile @p m_tile (0 <= m_tile < tile_prefix[E]).
@@ -159,6 +168,12 @@ __host__ __device__ constexpr TileCoord row_major_tile(int tile, int tiles_n) {
 /// @param tiles_n n-tiles
 /// @param group_m band height in m-tiles, >= 1
 __host__ __device__ constexpr TileCoord grouped_tile(int tile, int m_tiles, int tiles_n, int group_m) {
+  // exercise 2: Cut the ids into bands of group_m × tiles_n (64-bit: that product can pass 2^31),
+  // exercise 2: find the id's band and its place in it, and walk the band's m-tiles first (m
+  // exercise 2: fastest), then the n-tiles. The last band holds only the m-tiles that are left.
+  // stub: (void)m_tiles;
+  // stub: (void)group_m;
+  // stub: return TileCoord{tile / tiles_n, tile % tiles_n};
   // 64-bit band size: group_m × tiles_n can exceed int for a large group_m.
   const std::int64_t band_size = static_cast<std::int64_t>(group_m) * tiles_n;
   const int band = static_cast<int>(tile / band_size);
@@ -166,6 +181,7 @@ __host__ __device__ constexpr TileCoord grouped_tile(int tile, int m_tiles, int 
   const int first_m = band * group_m;
   const int rows = m_tiles - first_m < group_m ? m_tiles - first_m : group_m;
   return TileCoord{first_m + within % rows, within / rows};
+  // end exercise 2
 }
 
 /// Grouped order, expert by expert: expert e keeps the ids row-major order gives it, [tile_prefix[e]

@@ -40,6 +40,20 @@ using ch05::kBlockN;
 
 constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile
 
+// Points of a block's work where thread 0 may write %globaltimer (Problem::stamps, a measurement
+// the public launch never asks for: it passes null), as offsets into the block's kPhaseStamps entries.
+enum PhaseStamp : int {
+  kStampStart = 0,       // the block starts
+  kStampWholeDone = 1,   // its whole tiles are done
+  kStampClaimed = 2,     // it holds a claimed tail unit
+  kStampArrived = 3,     // a partner's unit: warp 0's part of its partial is stored and counted
+  kStampFixUpDone = 4,   // an owner's unit: the partners' partials are added and C is stored
+  kStampEnd = 5,         // the block is done
+  kStampFirstSlice = 6,  // the unit's first slice has landed
+  kStampTicket = 9,      // not a time: the plan block (ticket) of the last range it claimed
+  kPhaseStamps = 10,     // entries per block
+};
+
 // Where the parts of the workspace are. The sizes are the host's (workspace_counter_bytes,
 // workspace_prefix_row_bytes), the same ones persistent_workspace_bytes adds up and the CPU tests check.
 struct WorkspaceLayout {
@@ -70,8 +84,8 @@ struct Problem {
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
-  bool claim_tail;  // stream_k, split_k_tail: tail ranges claimed from counters[0] (PersistentOptions::claim_tail)
-  std::uint64_t* stamps;  // PersistentOptions::phase_stamps (a measurement), or null
+  bool claim_tail;        // stream_k, split_k_tail: tail ranges claimed from counters[0] (always, from the host)
+  std::uint64_t* stamps;  // per-block phase stamps (a measurement); null from the public launch
 };
 
 // Thread 0 records point @p point of this block's work when the launch asked for stamps.
@@ -198,10 +212,14 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
   const int block = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
 
   if constexpr (kScheduler == Scheduler::static_round_robin) {
+    // exercise 3: Loop over this block's tiles (block, block + grid, ...): run whole_tile<Cfg> on
+    // exercise 3: each, and make the block wait between two tiles before it reuses shared memory.
+    // stub: if (block < tiles) whole_tile<Cfg>(p, block);
     for (int tile = block; tile < tiles; tile += grid) {
       whole_tile<Cfg>(p, tile);
       __syncthreads();  // every warp is done with shared memory before the next tile's copies
     }
+    // end exercise 3
   } else if constexpr (kScheduler == Scheduler::dynamic_atomic) {
     __shared__ int claimed;
     int tile = block;
@@ -351,18 +369,17 @@ void grouped_gemm_persistent_workspace_init(void* workspace, std::size_t workspa
 
 int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler) {
   const std::int64_t bound = ch05::grouped_gemm_grid_blocks(shape);
+  if (bound == 0) return 1;  // M_total = 0: no tile, and no need to ask the device
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(persistent_slots(scheduler), bound)));
 }
 
 void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
                              __nv_bfloat16* c, const std::int32_t* offsets, void* workspace,
                              std::size_t workspace_bytes, const PersistentOptions& options, cudaStream_t stream) {
+  // Every rule that needs no device first, so that bad input names its rule even without a GPU.
   ch05::validate_grouped_gemm(shape, a, w, c, offsets);
-  const int index = static_cast<int>(options.scheduler);
-  if (index < 0 || index >= kSchedulers) {
-    throw InvalidArgument("options.scheduler (" + std::to_string(index) + ") is not a Scheduler");
-  }
-  const int grid = persistent_grid(shape, options.scheduler);
+  validate_persistent_options(options);
+  const int grid = persistent_grid(shape, options.scheduler);  // queries the device unless M_total = 0
   validate_persistent_options(shape, c, options, workspace, workspace_bytes, grid);
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
   const DeviceLimits limits = current_device_limits();
@@ -372,7 +389,7 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
       static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
       ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m, options.stream_k_max_tail_percent,
       // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
-      shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, options.claim_tail, options.phase_stamps};
+      shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, /*claim_tail=*/true, /*stamps=*/nullptr};
   if (limits.medium4) {
     launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
   } else {

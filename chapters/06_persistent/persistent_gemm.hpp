@@ -26,7 +26,8 @@
 #include <vector>
 
 #include "grouped_gemm.hpp"
-#include "schedule.hpp"
+// Angle brackets: the exercise build puts the skeleton's schedule.hpp first on the include path.
+#include <schedule.hpp>
 
 namespace kc::ch06 {
 
@@ -51,30 +52,6 @@ struct PersistentOptions {
   Scheduler scheduler = Scheduler::stream_k;               ///< the scheduler
   int group_m = ch05::kDefaultGroupM;                      ///< grouped order's band height, >= 1
   int stream_k_max_tail_percent = kDefaultMaxTailPercent;  ///< Stream-K only below this last-wave fill, [0, 100]
-  /// stream_k and split_k_tail: the blocks claim the tail's ranges from a counter as they finish
-  /// their whole tiles (the blocks done first take them), instead of block b taking range b. The
-  /// units, their partials and the sums are the same either way.
-  bool claim_tail = true;
-  /// A measurement (the benchmark's KC_TUNE phase rows), stream_k or split_k_tail with a claimed tail: when
-  /// set, thread 0 of block b writes %globaltimer (ns) to phase_stamps[b · kPhaseStamps + i] as it
-  /// passes point i (PhaseStamp), and leaves the entries of points it never passes as they were.
-  /// Needs grid × kPhaseStamps entries (persistent_grid).
-  std::uint64_t* phase_stamps = nullptr;
-};
-
-/// The points of a block's work that PersistentOptions::phase_stamps records.
-enum PhaseStamp : int {
-  kStampStart = 0,       ///< the block starts
-  kStampWholeDone = 1,   ///< its whole tiles are done
-  kStampClaimed = 2,     ///< it holds a claimed tail unit (the last one it claims)
-  kStampArrived = 3,     ///< a partner's unit: warp 0's part of its partial is stored and counted
-  kStampFixUpDone = 4,   ///< an owner's unit: the partners' partials are added and C is stored
-  kStampEnd = 5,         ///< the block is done
-  kStampFirstSlice = 6,  ///< the unit's first slice has landed (its pipeline prologue is done)
-  kStampLoopDone = 7,    ///< the unit's main loop is done
-  kStampPartnersIn = 8,  ///< an owner's unit: warp 0's wait for the partners' parts is over
-  kStampTicket = 9,      ///< not a time: the plan block (ticket) of the last range it claimed
-  kPhaseStamps = 10,     ///< entries per block
 };
 
 /// Blocks of the persistent grid on the current device for @p scheduler: SMs × the kernel's
@@ -119,10 +96,16 @@ void grouped_gemm_persistent_workspace_init(void* workspace, std::size_t workspa
 /// grid of the four). Host-only.
 std::size_t grouped_gemm_persistent_workspace_bytes(const GroupedGemmShape& shape);
 
-/// Checks what grouped_gemm_persistent() needs beyond Chapter 5's validate_grouped_gemm():
-/// options.scheduler a Scheduler, options.group_m >= 1, options.stream_k_max_tail_percent in
-/// [0, 100], a workspace of at least persistent_workspace_bytes(shape, @p grid) bytes, 16-byte
-/// aligned, not overlapping c. Host-only; throws kc::InvalidArgument naming the argument and rule.
+/// Checks the options alone, with no CUDA call (grouped_gemm_persistent() calls it before it asks
+/// the device anything): options.scheduler a Scheduler, options.group_m >= 1,
+/// options.stream_k_max_tail_percent in [0, 100]. Host-only; throws kc::InvalidArgument naming the
+/// option and rule.
+void validate_persistent_options(const PersistentOptions& options);
+
+/// Checks what grouped_gemm_persistent() needs beyond Chapter 5's validate_grouped_gemm(): the
+/// options (above), and a workspace of at least persistent_workspace_bytes(shape, @p grid) bytes,
+/// 16-byte aligned, not overlapping c. Host-only; throws kc::InvalidArgument naming the argument and
+/// rule.
 void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
                                  const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
                                  int grid);
@@ -130,9 +113,10 @@ void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloa
 /// The grouped GEMM on a persistent grid, in one launch. Each block turns the device offsets into
 /// its own copy of the m-tile prefix, then loops over the tiles with @p options.scheduler; the
 /// launch leaves the schedulers' counters at zero for the next one. Validates first (Chapter 5's
-/// rules and the options above), launches nothing on bad input. The workspace must have been
-/// zeroed once by grouped_gemm_persistent_workspace_init(), and two launches that run at the same
-/// time (on two streams) need two workspaces.
+/// rules and the options above), before any CUDA call but the device query that sizes the grid,
+/// and launches nothing on bad input; with M_total = 0 it launches nothing and queries nothing. The workspace must have
+/// been zeroed once by grouped_gemm_persistent_workspace_init(), and two launches that run at the same time (on two
+/// streams) need two workspaces.
 /// @param shape sizes
 /// @param a [M_total, K] permuted tokens
 /// @param w [E, N, K] expert weights
@@ -154,12 +138,9 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
 /// @p host_offsets as Chapter 5's validate_host_offsets does.
 std::int64_t grouped_tiles(const GroupedGemmShape& shape, std::span<const std::int32_t> host_offsets);
 
-/// One benchmark case of the chapter (the benchmark, the tests and the lesson's table share them).
-struct BenchCase {
-  std::string label;                ///< e.g. "tail_G3xM384_N2048_K7168"
-  GroupedGemmShape shape;           ///< sizes
-  std::vector<std::int32_t> sizes;  ///< rows per expert
-};
+/// One benchmark case of the chapter (Chapter 5's kind: the benchmark, the tests and the lesson's
+/// table share them).
+using BenchCase = ch05::GroupedCase;
 
 /// The benchmark's cases: Chapter 5's eight, the two poor-last-wave `tail_*` cases (144 and 192
 /// tiles: 1.09 and 1.45 waves on 132 slots). No label is a prefix of another.

@@ -1,10 +1,10 @@
 // Host-side rules, sizes and the lesson's arithmetic for Chapter 6. No CUDA call here: everything
 // is tested on machines without a GPU.
 #include <cstdio>
-#include <sstream>
 #include <string>
 
 #include "kc/check.hpp"
+#include "kc/validate.hpp"
 #include "persistent_gemm.hpp"
 
 namespace kc::ch06 {
@@ -13,17 +13,11 @@ namespace {
 
 std::size_t round_up_256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-bool overlaps(const void* x, std::uint64_t x_bytes, const void* y, std::uint64_t y_bytes) {
-  const auto xs = reinterpret_cast<std::uintptr_t>(x);
-  const auto ys = reinterpret_cast<std::uintptr_t>(y);
-  return x_bytes > 0 && y_bytes > 0 && xs < ys + y_bytes && ys < xs + x_bytes;
-}
-
 // The workspace rules both entry points share: not null, 16-byte aligned, and at least @p needed
 // bytes (@p source names where that number comes from).
 void check_workspace(const void* workspace, std::size_t workspace_bytes, std::size_t needed, const char* source) {
   if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
-  if (reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {
+  if (!kc::aligned_to(workspace, 16)) {
     throw InvalidArgument("workspace must be 16-byte aligned (float4 partial tiles)");
   }
   if (workspace_bytes < needed) {
@@ -61,9 +55,7 @@ void validate_workspace_init(const void* workspace, std::size_t workspace_bytes)
   check_workspace(workspace, workspace_bytes, workspace_counter_bytes(), "the counters");
 }
 
-void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
-                                 const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
-                                 int grid) {
+void validate_persistent_options(const PersistentOptions& options) {
   const int scheduler = static_cast<int>(options.scheduler);
   if (scheduler < 0 || scheduler >= kSchedulers) {
     throw InvalidArgument("options.scheduler (" + std::to_string(scheduler) + ") is not a Scheduler");
@@ -75,10 +67,16 @@ void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloa
     throw InvalidArgument("options.stream_k_max_tail_percent (" + std::to_string(options.stream_k_max_tail_percent) +
                           ") must be in [0, 100]");
   }
+}
+
+void validate_persistent_options(const GroupedGemmShape& shape, const __nv_bfloat16* c,
+                                 const PersistentOptions& options, const void* workspace, std::size_t workspace_bytes,
+                                 int grid) {
+  validate_persistent_options(options);
   const std::size_t needed = persistent_workspace_bytes(shape, grid);
   check_workspace(workspace, workspace_bytes, needed, "grouped_gemm_persistent_workspace_bytes");
   const auto c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(shape.n) * 2;
-  if (overlaps(c, c_bytes, workspace, needed)) throw InvalidArgument("workspace must not overlap c");
+  if (kc::overlaps(c, c_bytes, workspace, needed)) throw InvalidArgument("workspace must not overlap c");
 }
 
 std::int64_t grouped_tiles(const GroupedGemmShape& shape, std::span<const std::int32_t> host_offsets) {
@@ -90,41 +88,13 @@ std::int64_t grouped_tiles(const GroupedGemmShape& shape, std::span<const std::i
   return m_tiles * ((shape.n + ch05::kBlockN - 1) / ch05::kBlockN);
 }
 
-namespace {
-
-BenchCase uniform_case(const char* prefix, int experts, std::int32_t rows_per_expert, std::int64_t n, std::int64_t k) {
-  BenchCase cs;
-  std::ostringstream label;  // not a chain of string +: GCC 12's -Wrestrict misfires on those
-  label << prefix << "G" << experts << "xM" << rows_per_expert << "_N" << n << "_K" << k;
-  cs.label = label.str();
-  cs.sizes = ch05::group_sizes(ch05::GroupSizes::uniform, experts, experts * rows_per_expert);
-  cs.shape = {static_cast<std::int64_t>(experts) * rows_per_expert, n, k, experts};
-  return cs;
-}
-
-BenchCase skewed_case(const char* name, ch05::GroupSizes kind, int experts, std::int32_t rows, std::int64_t n,
-                      std::int64_t k) {
-  BenchCase cs;
-  std::ostringstream label;
-  label << "E" << experts << "_M" << rows << "_" << name << "_N" << n << "_K" << k;
-  cs.label = label.str();
-  cs.sizes = ch05::group_sizes(kind, experts, rows);
-  cs.shape = {rows, n, k, experts};
-  return cs;
-}
-
-}  // namespace
-
 std::vector<BenchCase> benchmark_cases() {
-  using ch05::GroupSizes;
-  return {uniform_case("", 8, 4096, 4096, 7168), uniform_case("", 32, 256, 4096, 7168),
-          uniform_case("", 256, 128, 4096, 7168), skewed_case("zipf", GroupSizes::zipf, 256, 8192, 4096, 7168),
-          skewed_case("hot", GroupSizes::one_hot, 256, 8192, 4096, 7168),
-          skewed_case("empty25", GroupSizes::quarter_empty, 256, 8192, 4096, 7168),
-          uniform_case("", 8, 4096, 7168, 2048), uniform_case("", 8, 4096, 28672, 4096),
-          // Poor last waves on 132 slots: 9 m-tiles × 16 n-tiles = 144 tiles (1.09 waves) and
-          // 12 × 16 = 192 tiles (1.45 waves); DeepSeek-V3's K = 7168, one 2048-wide projection.
-          uniform_case("tail_", 3, 384, 2048, 7168), uniform_case("tail_", 4, 384, 2048, 7168)};
+  std::vector<BenchCase> cases = ch05::benchmark_cases();
+  // Poor last waves on 132 slots: 9 m-tiles × 16 n-tiles = 144 tiles (1.09 waves) and 12 × 16 = 192
+  // tiles (1.45 waves); DeepSeek-V3's K = 7168, one 2048-wide projection.
+  cases.push_back(ch05::uniform_case(3, 384, 2048, 7168, "tail_"));
+  cases.push_back(ch05::uniform_case(4, 384, 2048, 7168, "tail_"));
+  return cases;
 }
 
 std::string wave_table_row(const BenchCase& bench_case, int slots) {

@@ -3,7 +3,7 @@
 /// static round-robin and dynamic (atomic ticket) persistent schedules, and the Stream-K plan that
 /// splits the last waves' tiles along K. The kernels call exactly these functions and the CPU tests
 /// check them: every tile done exactly once, every split tile's K slices exactly once and in whole
-/// 64-wide slices, for any tile count, grid and K. Chapter 8 reuses them.
+/// 64-wide slices, for any tile count, grid and K. Later chapters reuse them.
 ///
 /// Vocabulary. A *tile* is one 128 × 128 block tile of C (Chapter 5's linear tile ids, in the
 /// grouped order). *Slots* are the blocks that can run at once: SMs × blocks per SM. A *wave* is one
@@ -24,7 +24,7 @@
 ///     Below one wave (tiles < grid) every tile is a Stream-K tile.
 ///
 /// Why not the paper's "two-tile" hybrid (Stream-K over the last remainder + grid tiles, each block
-/// 1–2 tiles' worth)? Measured on the tail_G4 case (docs/notes/ch06.md): it spread all 192 tiles'
+/// 1–2 tiles' worth)? Measured on the tail_G4 case: it spread all 192 tiles'
 /// slices over the blocks, so blocks sharing a W tile read it at k offsets ~50 slices apart, L2 lost
 /// the reuse (2.4 × the DRAM reads of Chapter 5's kernel) and it ran no faster than two waves. Here the
 /// whole tiles run in lockstep as in Chapter 5, and only the last wave's few tiles are split.
@@ -120,6 +120,11 @@ __host__ __device__ constexpr StreamKPlan stream_k_plan(int tiles, int k_tiles, 
   p.grid = grid;
   p.dp_tiles = p.tiles;
   if (p.tiles == 0 || grid < 1 || k_tiles < 2) return p;
+  // exercise 1: Split the last wave. No Stream-K when the tiles fill whole waves or the last wave is
+  // exercise 1: more than max_tail_percent % full; otherwise the remainder tiles (all tiles below
+  // exercise 1: one wave) are the Stream-K tiles, their k-slices shared by min(grid, sk_iters) blocks.
+  // stub: (void)max_tail_percent;
+  // stub: return p;
   const int remainder = p.tiles % grid;
   if (remainder == 0) return p;
   if (static_cast<std::int64_t>(remainder) * 100 > static_cast<std::int64_t>(max_tail_percent) * grid) return p;
@@ -128,6 +133,7 @@ __host__ __device__ constexpr StreamKPlan stream_k_plan(int tiles, int k_tiles, 
   p.sk_iters = static_cast<std::int64_t>(p.sk_tiles) * k_tiles;
   p.sk_blocks = p.sk_iters < grid ? static_cast<int>(p.sk_iters) : grid;
   return p;
+  // end exercise 1
 }
 
 /// The split-K variant of the same plan (Chapter 6's step 3): the same whole waves and the same
@@ -184,6 +190,10 @@ __host__ __device__ constexpr int units_of_block(const StreamKPlan& p, int block
 __host__ __device__ constexpr WorkUnit unit_of_block(const StreamKPlan& p, int block, int u) {
   const int dp = static_tile_count(p.dp_tiles, p.grid, block);
   if (u < dp) return WorkUnit{static_tile(p.grid, block, u), 0, p.k_tiles};
+  // exercise 2: The block's Stream-K range is slices [sk_begin(block), sk_begin(block + 1)) of the
+  // exercise 2: Stream-K tiles laid end to end (k_tiles each). Unit u - dp is its part of one tile,
+  // exercise 2: counted from the range's last tile down; clip the range to that tile's slices.
+  // stub: return WorkUnit{p.dp_tiles, 0, p.k_tiles};
   const std::int64_t begin = sk_begin(p, block), end = sk_begin(p, block + 1);
   const std::int64_t last_local = (end - 1) / p.k_tiles;  // the range's last Stream-K tile
   const std::int64_t local = last_local - (u - dp);       // Stream-K tile, counted from dp_tiles
@@ -192,6 +202,7 @@ __host__ __device__ constexpr WorkUnit unit_of_block(const StreamKPlan& p, int b
   const std::int64_t to = end < tile_start + p.k_tiles ? end : tile_start + p.k_tiles;
   return WorkUnit{p.dp_tiles + static_cast<int>(local), static_cast<int>(from - tile_start),
                   static_cast<int>(to - tile_start)};
+  // end exercise 2
 }
 
 /// True when @p unit is a whole tile (stored directly); false when it is one contributor's part.
@@ -225,14 +236,15 @@ __host__ __device__ constexpr int partial_slots(int grid) { return grid; }
 
 /// Arrival counters per Stream-K tile: one per warp of the 128 × 128 block tile (8 warps). A
 /// partner's warp w counts itself on its tile's counter w once its part of the partial is stored,
-/// and the owner's warp w waits on that counter alone (gemm_bf16_block.cuh, Fp32Partial).
+/// and the owner's warp w waits on that counter alone (Fp32Partial).
 inline constexpr int kArrivalsPerTile = 8;
 
 /// Arrival counters a launch on @p grid blocks may use: kArrivalsPerTile per Stream-K tile
 /// (fewer than 2 · grid tiles).
 __host__ __device__ constexpr int arrival_counters(int grid) { return 2 * grid * kArrivalsPerTile; }
 
-/// Tickets a claimed tail draws in one launch (PersistentOptions::claim_tail): one per tail range
+/// Tickets a claimed tail draws in one launch (the blocks claim the tail's ranges as they finish
+/// their whole tiles): one per tail range
 /// (ticket r names plan block r's range), plus one per block that finds none left and stops. The
 /// thread that draws the last one sets the counter back to zero.
 __host__ __device__ constexpr int claimed_tail_tickets(const StreamKPlan& p) { return p.sk_blocks + p.grid; }

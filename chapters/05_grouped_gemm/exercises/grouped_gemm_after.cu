@@ -1,5 +1,9 @@
-// EXERCISE: the one-launch grouped GEMM with its index map removed. Fill in each TODO; the chapter's
-// tests (ctest --preset exercises -L ch05) say when it is right. Hints are in README.md, Exercises.
+// EXERCISE: grouped_gemm_after.cu with its key lines replaced by TODOs. Fill them in here.
+// Generated from ../grouped_gemm_after.cu by tools/exercises.py (do not edit the solution's copy).
+// Build and test this file in place of the solution:
+//   cmake --preset exercises && cmake --build --preset exercises && ctest --preset exercises -L ch05
+// Until every TODO is done the chapter's tests fail; the lesson (README.md) explains the solution.
+
 // After: every expert's GEMM in one launch. Two kernels run back to back on the stream:
 //
 //   1. tile_prefix_kernel (one block): m-tiles of each expert from the device offsets, and their
@@ -10,11 +14,14 @@
 //      prefix, and hands Chapter 2's block tile that expert's rows of A and C and its W. Blocks past
 //      the real tile count exit before touching shared memory.
 //
+// The chapter's `after` runs grouped_gemm_kernel on Chapter 2's 128 × 256 tile (GroupedTile::
+// wide_128x256, C stored through shared memory); the square 128 × 128 tile (C from registers) is
+// the lesson's step and the tile that fits every GPU.
+//
 // Why not read the sizes on the host and launch the exact grid? Because that needs a device → host
 // copy and a synchronisation before every MoE layer: the GPU drains, and the launch cannot be
 // captured in a CUDA graph. The bound costs surplus blocks that exit at once (at most E · (BM-1) /
 // BM m-tiles' worth: 254 × 32 blocks for 256 experts of 128 rows, a few µs against milliseconds).
-// Chapter 6 removes them with a persistent grid that loops over tiles.
 #include <string>
 
 #include "gemm_bf16_block.cuh"
@@ -59,31 +66,42 @@ __global__ void __launch_bounds__(detail::kScanThreads)
 }
 
 // One block per tile of C (and surplus blocks that exit): see the top of the file. Store is
-// NoEpilogue (C from registers) or StagedStore (C through shared memory: GroupedGemmOptions::c_store).
+// NoEpilogue (C from registers) or StagedStore (C through shared memory): StoreOf<Cfg>.
 template <class Cfg, class Store>
 __global__ void __launch_bounds__(Cfg::threads)
     grouped_gemm_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ w,
                         __nv_bfloat16* __restrict__ c, const std::int32_t* __restrict__ offsets,
                         const std::int32_t* __restrict__ tile_prefix, int experts, int m_total, int n, int k,
                         int tiles_n, TileOrder order, int group_m, bool paired, Store store) {
-  // TODO 1: the real number of m-tiles over all experts. tile_prefix_kernel has just written the
-  // prefix of m-tiles over experts into tile_prefix[0 .. experts]: which entry is the total?
-  const int m_tiles = 0;
+  const int m_tiles = tile_prefix[experts];  // the real m-tile count, known only on the device
   const int tile = static_cast<int>(blockIdx.x);
   if (static_cast<std::int64_t>(tile) >= static_cast<std::int64_t>(m_tiles) * tiles_n) return;  // surplus
-  // TODO 2: the tile this block computes, in `order` (tile_map.hpp has the function; group_m is the
-  // grouped order's band height).
-  const TileCoord coord{0, tile % tiles_n};
-  // TODO 3: the expert owning coord.m_tile, its first row and the rows left from there
-  // (tile_map.hpp: a binary search over tile_prefix, then the expert's offsets).
-  const TileRows rows{0, 0, m_total};
-  (void)offsets, (void)tile_prefix, (void)order, (void)group_m, (void)experts;  // used once the TODOs are done
+  // TODO 3: Map the block's id to its tile of C in `order` (tile_in_order), then find the
+  // expert, first row and rows left of that tile's global m-tile (locate).
+  const TileCoord coord{};
+  const TileRows rows{};
   const int col0 = coord.n_tile * Cfg::block_n;
-  const __nv_bfloat16* w_expert = w + static_cast<std::int64_t>(rows.expert) * n * k;
+  // TODO 4: Point at the expert's weights: W is [E, N, K], and expert e's N × K slice starts
+  // e · N · K elements in (in 64-bit arithmetic: 256 experts of 4096 × 7168 pass 2^31).
+  const __nv_bfloat16* w_expert = w;
   ch02::block::gemm_bf16_block<Cfg>(a, w_expert, c, n, k, rows.row0, col0, rows.rows_left, n - col0, paired, store);
 }
 
 // --------------------------------------------------------------------------------------- host side
+
+// How each tile stores C, as Chapter 2 stores the same tile: the wide (large) tile through shared
+// memory, the square (medium) tile from registers, where the staged store measured no faster.
+template <class Cfg>
+auto store_for(int n, const __nv_bfloat16* c) {
+  if constexpr (Cfg::block_n == 256) {
+    return StagedStore::for_output(n, c);
+  } else {
+    return NoEpilogue{};
+  }
+}
+
+template <class Cfg>
+using StoreOf = decltype(store_for<Cfg>(0, nullptr));
 
 struct DeviceLimits {
   std::size_t smem_per_block_optin = 0;
@@ -92,14 +110,10 @@ struct DeviceLimits {
 template <class Cfg>
 void allow_dynamic_shared_memory(std::size_t smem_per_block_optin) {
   if (static_cast<std::size_t>(Cfg::smem_bytes) > smem_per_block_optin) return;  // never launched here
-  // Each store's kernel is a kernel of its own, with its own attributes; the staged store needs no
-  // more shared memory than the pipeline's (the staging area reuses its buffers).
-  const auto allow = [](auto kernel) {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  };
-  allow(grouped_gemm_kernel<Cfg, NoEpilogue>);
-  allow(grouped_gemm_kernel<Cfg, StagedStore>);
+  // The staged store needs no more shared memory than the pipeline's (it reuses its buffers).
+  const auto kernel = grouped_gemm_kernel<Cfg, StoreOf<Cfg>>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::smem_bytes));
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
 }
 
 // Queried once per device; later calls only read the cache (no attribute calls inside a capture).
@@ -124,16 +138,10 @@ void launch_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __
   // <= the square tile's bound <= 2^31 - 1 (validated)
   const auto blocks = static_cast<unsigned>(grouped_gemm_grid_blocks(shape, options.tile));
   const int tiles_n = ceil_div_int(static_cast<int>(shape.n), Cfg::block_n);
-  const auto go = [&](auto store) {
-    grouped_gemm_kernel<Cfg, decltype(store)><<<blocks, Cfg::threads, Cfg::smem_bytes, stream>>>(
-        a, w, c, offsets, tile_prefix, shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n),
-        static_cast<int>(shape.k), tiles_n, options.order, options.group_m, paired, store);
-  };
-  if (stores_c_through_shared_memory(options)) {
-    go(StagedStore::for_output(static_cast<int>(shape.n), c));
-  } else {
-    go(NoEpilogue{});
-  }
+  const StoreOf<Cfg> store = store_for<Cfg>(static_cast<int>(shape.n), c);
+  grouped_gemm_kernel<Cfg, StoreOf<Cfg>><<<blocks, Cfg::threads, Cfg::smem_bytes, stream>>>(
+      a, w, c, offsets, tile_prefix, shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n),
+      static_cast<int>(shape.k), tiles_n, options.order, options.group_m, paired, store);
 }
 
 // The tile's deepest pipeline that fits this GPU's shared memory per block.

@@ -1,5 +1,9 @@
-// EXERCISE: the persistent kernel with its schedulers removed. Fill in each TODO; the chapter's
-// tests (ctest --preset exercises -L ch06) say when it is right. Hints are in README.md, Exercises.
+// EXERCISE: persistent_gemm.cu with its key lines replaced by TODOs. Fill them in here.
+// Generated from ../persistent_gemm.cu by tools/exercises.py (do not edit the solution's copy).
+// Build and test this file in place of the solution:
+//   cmake --preset exercises && cmake --build --preset exercises && ctest --preset exercises -L ch06
+// Until every TODO is done the chapter's tests fail; the lesson (README.md) explains the solution.
+
 // Persistent grouped GEMM: a grid of SMs × blocks-per-SM blocks that loop over Chapter 5's tiles,
 // in one launch and no kernel in front of it.
 //
@@ -39,7 +43,21 @@ using ch02::block::NoEpilogue;
 using ch05::kBlockM;
 using ch05::kBlockN;
 
-[[maybe_unused]] constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile (TODO 3 uses it)
+constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile
+
+// Points of a block's work where thread 0 may write %globaltimer (Problem::stamps, a measurement
+// the public launch never asks for: it passes null), as offsets into the block's kPhaseStamps entries.
+enum PhaseStamp : int {
+  kStampStart = 0,       // the block starts
+  kStampWholeDone = 1,   // its whole tiles are done
+  kStampClaimed = 2,     // it holds a claimed tail unit
+  kStampArrived = 3,     // a partner's unit: warp 0's part of its partial is stored and counted
+  kStampFixUpDone = 4,   // an owner's unit: the partners' partials are added and C is stored
+  kStampEnd = 5,         // the block is done
+  kStampFirstSlice = 6,  // the unit's first slice has landed
+  kStampTicket = 9,      // not a time: the plan block (ticket) of the last range it claimed
+  kPhaseStamps = 10,     // entries per block
+};
 
 // Where the parts of the workspace are. The sizes are the host's (workspace_counter_bytes,
 // workspace_prefix_row_bytes), the same ones persistent_workspace_bytes adds up and the CPU tests check.
@@ -71,7 +89,17 @@ struct Problem {
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
+  bool claim_tail;        // stream_k, split_k_tail: tail ranges claimed from counters[0] (always, from the host)
+  std::uint64_t* stamps;  // per-block phase stamps (a measurement); null from the public launch
 };
+
+// Thread 0 records point @p point of this block's work when the launch asked for stamps.
+__device__ __forceinline__ void stamp(const Problem& p, int point) {
+  if (p.stamps == nullptr || threadIdx.x != 0) return;
+  std::uint64_t now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + point] = now;
+}
 
 // This block's copy of the m-tile prefix (its row of the workspace).
 __device__ __forceinline__ std::int32_t* prefix_of_block(const Problem& p) {
@@ -130,9 +158,9 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile) {
                                     NoEpilogue{});
 }
 
-// One contributor's unit of a split tile. @p block is the block the unit belongs to (its partial
-// slot and its place among the tile's contributors). (This exercise leaves out claiming the tail,
-// PersistentOptions::claim_tail: it changes who runs a unit, never the result.)
+// One contributor's unit of a split tile. @p block is the plan's block the unit belongs to (its
+// partial slot and its place among the tile's contributors): blockIdx.x, or with claimed tail units
+// whichever plan block the claimed ticket names.
 //
 // The tile's last contributor (highest k) owns it: its own part stays in registers, it waits for the
 // others' partials, adds them in contributor order and stores C. Every other contributor stores its
@@ -145,22 +173,41 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
   const TilePlace t = place_of(p, unit.tile);
   const int sk_tile = unit.tile - plan.dp_tiles;
   int* arrivals = p.counters + 1 + static_cast<std::int64_t>(sk_tile) * kArrivalsPerTile;
+  std::uint64_t* piece_stamps =
+      p.stamps == nullptr ? nullptr : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice;
   if (owns(plan, block, unit)) {
-    // TODO 4: the owner adds its partners' partials before it stores C. Build a
-    // ch02::block::AddPartials: the first partner's partial (the tile's first contributor's slot,
-    // partial_slot), the floats from one partner's partial to the next (consecutive blocks have
-    // consecutive slots), how many partners there are, and the tile's arrival counters; pass it
-    // instead of NoEpilogue. As written, the owner stores its own part alone.
+    const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
+    const ch02::block::AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first)) * kTileFloats,
+                                         static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
-                                              p.paired, NoEpilogue{}, unit.k_begin, unit.k_end);
+                                              p.paired, owner, unit.k_begin, unit.k_end);
     // Every partner's warp w has counted itself in, and lane 0 of this warp w has seen it: no one
     // touches counter w again in this launch, so it goes back to zero for the next one.
     if (threadIdx.x % 32 == 0) arrivals[threadIdx.x / 32] = 0;
+    stamp(p, kStampFixUpDone);
     return;
   }
   float* mine = p.partials + static_cast<std::int64_t>(partial_slot(block)) * kTileFloats;
   ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
-                                            p.paired, Fp32Partial{mine, arrivals}, unit.k_begin, unit.k_end);
+                                            p.paired, Fp32Partial{mine, arrivals, piece_stamps}, unit.k_begin,
+                                            unit.k_end);
+  stamp(p, kStampArrived);  // thread 0: its warp's part is stored and counted
+}
+
+// Plan block @p plan_block's units from @p first_unit on: whole tiles directly, split parts through
+// stream_k_unit, with a barrier after each (the next unit's copies overwrite shared memory).
+template <class Cfg>
+__device__ void run_units(const Problem& p, const StreamKPlan& plan, int plan_block, int first_unit) {
+  const int units = units_of_block(plan, plan_block);
+  for (int u = first_unit; u < units; ++u) {
+    const WorkUnit unit = unit_of_block(plan, plan_block, u);
+    if (is_whole(plan, unit)) {
+      whole_tile<Cfg>(p, unit.tile);
+    } else {
+      stream_k_unit<Cfg>(p, plan, unit, plan_block);
+    }
+    __syncthreads();
+  }
 }
 
 template <class Cfg, Scheduler kScheduler>
@@ -170,25 +217,61 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
   const int block = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
 
   if constexpr (kScheduler == Scheduler::static_round_robin) {
-    // TODO 1: loop over this block's tiles (block, block + grid, ...), run whole_tile<Cfg> on each,
-    // and make the block wait between two tiles before it reuses shared memory. As written, each
-    // block does one tile and the tiles past the grid are never computed.
+    // TODO 3: Loop over this block's tiles (block, block + grid, ...): run whole_tile<Cfg> on
+    // each, and make the block wait between two tiles before it reuses shared memory.
     if (block < tiles) whole_tile<Cfg>(p, block);
   } else if constexpr (kScheduler == Scheduler::dynamic_atomic) {
-    // TODO 2: after each tile, thread 0 claims the next one with atomicAdd on p.counters[0]
-    // (dynamic_tile_of_ticket), shares it through shared memory, and every thread moves on to it.
-    // Mind the two barriers: one to publish the claim, one before thread 0 may overwrite it. The
-    // thread that draws the launch's last ticket (dynamic_tickets) sets the counter back to zero.
-    if (block < tiles) whole_tile<Cfg>(p, block);
+    __shared__ int claimed;
+    int tile = block;
+    while (tile < tiles) {
+      whole_tile<Cfg>(p, tile);
+      if (threadIdx.x == 0) {
+        const int ticket = atomicAdd(&p.counters[0], 1);
+        if (ticket == dynamic_tickets(tiles) - 1) atomicExch(&p.counters[0], 0);  // the launch's last ticket
+        claimed = dynamic_tile_of_ticket(grid, ticket);
+      }
+      __syncthreads();  // `claimed` is visible, and shared memory is free
+      tile = claimed;
+      __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
+    }
   } else {
     const int k_tiles = (p.k - 1) / ch02::block::kBlockK + 1;
     const StreamKPlan plan = kScheduler == Scheduler::stream_k
                                  ? stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent)
                                  : split_k_tail_plan(tiles, k_tiles, grid, p.max_tail_percent);
-    // TODO 3: walk this block's units (units_of_block / unit_of_block): whole units through
-    // whole_tile<Cfg>, split ones through stream_k_unit<Cfg>, with a barrier after each unit.
-    // TODO 4 is inside stream_k_unit: the owner's fix-up.
-    (void)plan;
+    if (p.claim_tail) {
+      // Tail claimed: this block's whole tiles, then the tail's ranges in ticket order: ticket r
+      // names plan block r's range (its one split-K unit, or its one or two Stream-K units), so the
+      // blocks whose whole tiles finish first take the tail, and the slowest, when there are fewer
+      // ranges than blocks, take none. The units, partials and sums are those of the plan.
+      stamp(p, kStampStart);
+      const int whole = static_tile_count(plan.dp_tiles, grid, block);
+      for (int u = 0; u < whole; ++u) {
+        whole_tile<Cfg>(p, static_tile(grid, block, u));
+        __syncthreads();
+      }
+      stamp(p, kStampWholeDone);
+      __shared__ int claimed;
+      while (true) {
+        if (threadIdx.x == 0) {
+          claimed = atomicAdd(&p.counters[0], 1);
+          if (claimed == claimed_tail_tickets(plan) - 1) atomicExch(&p.counters[0], 0);  // the launch's last ticket
+        }
+        __syncthreads();
+        const int plan_block = claimed;
+        __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
+        if (plan_block >= plan.sk_blocks) break;
+        stamp(p, kStampClaimed);
+        if (p.stamps != nullptr && threadIdx.x == 0) {
+          p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampTicket] =
+              static_cast<std::uint64_t>(plan_block);
+        }
+        run_units<Cfg>(p, plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block));
+      }
+      stamp(p, kStampEnd);
+      return;
+    }
+    run_units<Cfg>(p, plan, block, 0);
   }
 }
 
@@ -286,28 +369,27 @@ void grouped_gemm_persistent_workspace_init(void* workspace, std::size_t workspa
 
 int persistent_grid(const GroupedGemmShape& shape, Scheduler scheduler) {
   const std::int64_t bound = ch05::grouped_gemm_grid_blocks(shape);
+  if (bound == 0) return 1;  // M_total = 0: no tile, and no need to ask the device
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(persistent_slots(scheduler), bound)));
 }
 
 void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
                              __nv_bfloat16* c, const std::int32_t* offsets, void* workspace,
                              std::size_t workspace_bytes, const PersistentOptions& options, cudaStream_t stream) {
+  // Every rule that needs no device first, so that bad input names its rule even without a GPU.
   ch05::validate_grouped_gemm(shape, a, w, c, offsets);
-  const int index = static_cast<int>(options.scheduler);
-  if (index < 0 || index >= kSchedulers) {
-    throw InvalidArgument("options.scheduler (" + std::to_string(index) + ") is not a Scheduler");
-  }
-  const int grid = persistent_grid(shape, options.scheduler);
+  validate_persistent_options(options);
+  const int grid = persistent_grid(shape, options.scheduler);  // queries the device unless M_total = 0
   validate_persistent_options(shape, c, options, workspace, workspace_bytes, grid);
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
   const DeviceLimits limits = current_device_limits();
   const WorkspaceLayout layout = layout_of(workspace, shape.experts, grid);
-  const Problem p{a, w, c, offsets, layout.counters, layout.prefixes, layout.prefix_stride, layout.partials,
-                  shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
-                  ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m,
-                  options.stream_k_max_tail_percent,
-                  // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
-                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0};
+  const Problem p{
+      a, w, c, offsets, layout.counters, layout.prefixes, layout.prefix_stride, layout.partials, shape.experts,
+      static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
+      ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m, options.stream_k_max_tail_percent,
+      // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
+      shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, /*claim_tail=*/true, /*stamps=*/nullptr};
   if (limits.medium4) {
     launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
   } else {
