@@ -24,7 +24,8 @@
 // BM m-tiles' worth: 254 × 32 blocks for 256 experts of 128 rows, a few µs against milliseconds).
 #include <string>
 
-#include "gemm_bf16_block.cuh"
+#include "gemm_bf16_mainloop.cuh"
+#include "gemm_bf16_store.cuh"
 #include "grouped_gemm.hpp"
 #include "kc/check.hpp"
 #include "kc/device_info.hpp"

@@ -25,18 +25,19 @@
 #include <cub/block/block_scan.cuh>
 #include <string>
 
-#include "gemm_bf16_block.cuh"
+#include "gemm_bf16_mainloop.cuh"
+#include "gemm_bf16_store.cuh"
 #include "kc/check.hpp"
 #include "kc/device_info.hpp"
 #include "persistent_gemm.hpp"
 #include "schedule.hpp"
+#include "split_k_epilogue.cuh"
 #include "tile_map.hpp"
 
 namespace kc::ch06 {
 
 namespace {
 
-using ch02::block::Fp32Partial;
 using ch02::block::MediumTile3;
 using ch02::block::MediumTile4;
 using ch02::block::NoEpilogue;
@@ -177,8 +178,8 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
       p.stamps == nullptr ? nullptr : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice;
   if (owns(plan, block, unit)) {
     const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
-    const ch02::block::AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first)) * kTileFloats,
-                                         static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
+    const AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first)) * kTileFloats,
+                            static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
                                               p.paired, owner, unit.k_begin, unit.k_end);
     // Every partner's warp w has counted itself in, and lane 0 of this warp w has seen it: no one
