@@ -15,7 +15,7 @@ each timed sample runs batches back to back until their GPU time reaches ``MIN_T
 GPU time per launch over all of them: one untimed sample, then ``--repetitions`` timed ones. So
 PyTorch is timed in the same steady state as the course's kernels: a GPU running a large GEMM settles
 at its power limit and a lower clock within a few tens of milliseconds, and a burst of a few
-milliseconds would time it at the higher clock it starts with (docs/notes/ch07.md, Session 30).
+milliseconds would time it at the higher clock it starts with.
 Counters follow the course's convention:
 ``bytes_per_second`` counts the case's fewest bytes, ``flops`` the useful floating-point operations.
 A second pass (``--kernels``, a separate run after the timed one, so that the profiler never runs in
@@ -668,7 +668,7 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
     The counts come from torch.histc with its range given, not torch.bincount: bincount sizes its
     output from the ids' range, which it copies to the host and waits for on every call, so the row
     would hold a host round trip in the middle of the launches; scatter_add_ into zeros waits on
-    nothing but its atomics contend (Session 32 in docs/notes/ch04.md). The C++ kernels count on the
+    nothing but its atomics contend. The C++ kernels count on the
     device without waiting, and so does this (a call that waits on the host could not be captured).
 
     Each case gives two rows (graph_and_eager_results): ``pytorch``, timed as the chapter's C++ rows
