@@ -15,7 +15,8 @@
 #                       chNN_suite.log (GPU, clocks, test and sanitizer summaries, the exercise check,
 #                       benchmark wall time). tools/import_gpu_run.sh unpacks it there.
 #   kc_gpu_logs.tar.gz  the full logs (build, ctest, sanitizers, benchmark output), for a failure
-#   kc_gpu_run/         both, unpacked, as they were written (a run cut short still returns them)
+# Both are packed again after every step, so a run cut short still returns what it finished (the
+# device returns at most 8 files: nothing else is written under $OUT).
 set -uo pipefail
 
 commit=unknown
@@ -43,7 +44,8 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/out}
-work=$out/kc_gpu_run
+mkdir -p "$out"
+work=$root/build/gpu-suite-run
 rm -rf "$work"
 results=$work/results
 logs=$work/logs
@@ -51,7 +53,12 @@ mkdir -p "$results" "$logs"
 build=$root/build/gpu-suite
 start=$(date +%s)
 status=0
-step() { echo; echo "=== [$(($(date +%s) - start))s] $*"; }
+# pack: (re)writes the two archives under $OUT from what the run has written so far.
+pack() {
+  tar -czf "$out/kc_gpu_run.tar.gz" -C "$results" .
+  tar -czf "$out/kc_gpu_logs.tar.gz" -C "$work" logs
+}
+step() { pack; echo; echo "=== [$(($(date +%s) - start))s] $*"; }
 # note CHAPTER|all TEXT...: a line of the chapters' summary logs (chNN_suite.log).
 note() {
   local who=$1
@@ -182,6 +189,7 @@ for ch in "${chapters[@]}"; do
   wait "$sampler" 2>/dev/null
   echo "$ch: $(($(date +%s) - t0)) s"
   note "$ch" "" "## Benchmarks: $(($(date +%s) - t0)) s wall, $reps repetitions, random interleaving"
+  pack
 done
 
 if [ "$pytorch" = 1 ]; then
@@ -271,8 +279,7 @@ for ch in "${chapters[@]}"; do [ -f "$results/$ch.md" ] && cat "$results/$ch.md"
 
 step "archives"
 note all "" "## Suite: $(($(date +%s) - start)) s for chapters ${chapters[*]}; status $status (0: every step passed)"
-tar -czf "$out/kc_gpu_run.tar.gz" -C "$results" .
-tar -czf "$out/kc_gpu_logs.tar.gz" -C "$work" logs
+pack
 ls -la "$out"
 echo "suite status: $status (0 = all passed), $(($(date +%s) - start)) s"
 exit $status

@@ -3,7 +3,7 @@
 # chapter map and the lessons' generated figures. The archive holds the run's chapters only, named as
 # in that folder (chNN_bench.json, chNN.md, chNN_suite.log, ...), so it replaces their files and
 # leaves the other chapters' as they are.
-#   tools/import_gpu_run.sh path/to/kc_gpu_run.tar.gz|path/to/kc_gpu_run/results [gpu]
+#   tools/import_gpu_run.sh path/to/kc_gpu_run.tar.gz|path/to/folder/of/its/files [gpu]
 set -euo pipefail
 run=$1
 gpu=${2:-h200}
