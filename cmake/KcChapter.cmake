@@ -9,7 +9,11 @@
 #                  EXERCISES vector_add_after.cu        # replaced by exercises/<file> with -DKC_EXERCISES=ON
 #                  [HOPPER STUB_SOURCES stub.cu]         # sm_90a only; STUB_SOURCES when no sm_90 is built
 #                  [TEST_SOURCES a_test.cu b_test.cu]    # under tests/; default NN_NAME_test.cu
-#                  [LINK CUDA::cublas])                  # extra libraries for the kernels, tests and benchmark
+#                  [LINK CUDA::cublas]                   # extra libraries for the kernels, tests and benchmark
+#                  [GPU_TIMING_TESTS regex])             # more tests that run alone (besides names with "Timing")
+#
+# Tests run in parallel (the test presets set ctest's jobs). A test that times the GPU, or needs all of
+# it, runs alone: put "Timing" in its suite or test name, or match it with GPU_TIMING_TESTS.
 include_guard(GLOBAL)
 
 # Host and device warnings for every target of the course.
@@ -34,16 +38,48 @@ function(kc_builds_sm90 out_var)
   set(${out_var} ${found} PARENT_SCOPE)
 endfunction()
 
+# Tests that time the GPU, or need all of it, run one at a time: ctest gives every test whose name
+# (Suite.Test, with its parameter) matches this regex the RESOURCE_LOCK gpu_timing, so no other such
+# test runs beside it. Other tests run in parallel (the test presets set the number of jobs).
+# Name a test `...Timing...` (e.g. `SgemmGpuTiming.AfterBeatsBefore`) to give it the lock.
+set(KC_GPU_TIMING_TEST_REGEX "Timing" CACHE STRING "Tests whose name matches this get RESOURCE_LOCK gpu_timing")
+
+# kc_discover_tests(target LABELS a;b [GPU_TIMING regex]): registers a GoogleTest program's tests with
+# ctest, labelled, and gives the lock to those matching KC_GPU_TIMING_TEST_REGEX (or GPU_TIMING).
+function(kc_discover_tests target)
+  cmake_parse_arguments(T "" "GPU_TIMING" "LABELS" ${ARGN})
+  # PRE_TEST: list the tests when ctest runs, not at build time, so building never needs a GPU.
+  gtest_discover_tests(${target} DISCOVERY_MODE PRE_TEST TEST_LIST ${target}_TESTS PROPERTIES LABELS "${T_LABELS}")
+  set(regex "${KC_GPU_TIMING_TEST_REGEX}")
+  if(T_GPU_TIMING)
+    set(regex "${regex}|${T_GPU_TIMING}")
+  endif()
+  # Runs in ctest after the discovered tests' file (which sets ${target}_TESTS to their names).
+  set(lock_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_gpu_timing.cmake")
+  file(WRITE "${lock_file}"
+    "foreach(kc_test IN LISTS ${target}_TESTS)\n"
+    "  if(kc_test MATCHES [==[${regex}]==])\n"
+    "    set_tests_properties(\"\${kc_test}\" PROPERTIES RESOURCE_LOCK gpu_timing)\n"
+    "  endif()\n"
+    "endforeach()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${lock_file}")
+endfunction()
+
 function(kc_add_chapter)
-  cmake_parse_arguments(CH "HOPPER" "NUMBER;NAME" "SOURCES;EXERCISES;STUB_SOURCES;TEST_SOURCES;LINK" ${ARGN})
+  cmake_parse_arguments(CH "HOPPER" "NUMBER;NAME;GPU_TIMING_TESTS" "SOURCES;EXERCISES;STUB_SOURCES;TEST_SOURCES;LINK" ${ARGN})
   set(id "ch${CH_NUMBER}")
   set(lib "${id}_${CH_NAME}")
   set(dir "${CMAKE_CURRENT_SOURCE_DIR}")
 
-  # Workshop mode: the learner's skeleton stands in for the solution file of the same name.
+  # Workshop mode: the learner's skeleton stands in for the solution file of the same name, in every
+  # chapter or only in those KC_EXERCISE_CHAPTERS names (so a chapter's tests see no other skeleton).
+  set(swap FALSE)
+  if(KC_EXERCISES AND (NOT KC_EXERCISE_CHAPTERS OR id IN_LIST KC_EXERCISE_CHAPTERS))
+    set(swap TRUE)
+  endif()
   set(sources "")
   foreach(src IN LISTS CH_SOURCES)
-    if(KC_EXERCISES AND src IN_LIST CH_EXERCISES)
+    if(swap AND src IN_LIST CH_EXERCISES)
       list(APPEND sources "${dir}/exercises/${src}")
     else()
       list(APPEND sources "${dir}/${src}")
@@ -55,7 +91,7 @@ function(kc_add_chapter)
     kc_builds_sm90(has_sm90)
     if(has_sm90)
       # CMake's 90a means -gencode arch=compute_90a,code=[sm_90a,compute_90a]; nvcc's -arch=sm_90a
-      # shorthand would also run a plain compute_90 pass that rejects wgmma (HOPPER_NOTES.md section 0).
+      # shorthand would also run a plain compute_90 pass, which rejects wgmma.
       set(hopper_arch 90a)
     else()
       message(STATUS "${id}: no sm_90 architecture chosen; building the stub that reports what it needs")
@@ -75,8 +111,8 @@ function(kc_add_chapter)
   list(TRANSFORM CH_TEST_SOURCES PREPEND "${PROJECT_SOURCE_DIR}/tests/" OUTPUT_VARIABLE test_src)
   add_executable(${lib}_test ${test_src})
   target_link_libraries(${lib}_test PRIVATE ${lib} kc_test_support kc_warnings)
-  # PRE_TEST: list the tests when ctest runs, not at build time, so building never needs a GPU.
-  gtest_discover_tests(${lib}_test DISCOVERY_MODE PRE_TEST PROPERTIES LABELS "${id};gpu_or_cpu")
+  kc_discover_tests(${lib}_test LABELS "${id};gpu_or_cpu" GPU_TIMING "${CH_GPU_TIMING_TESTS}")
+  set_property(GLOBAL APPEND PROPERTY KC_TEST_TARGETS ${lib}_test)
   set(umbrella ${lib} ${lib}_test)
 
   set(bench_src "${PROJECT_SOURCE_DIR}/bench/${CH_NUMBER}_${CH_NAME}_bench.cu")

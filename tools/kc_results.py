@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -189,21 +190,15 @@ def _seconds(entry: Dict[str, Any], key: str = "real_time") -> Optional[float]:
     return value * TIME_UNITS[unit]
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+_median = statistics.median
 
 
 def _sample_cv(values: Sequence[float]) -> Optional[float]:
+    """Sample standard deviation over the mean (n - 1, as Google Benchmark's cv)."""
     if len(values) < 2:
         return 0.0 if values else None
-    mean = sum(values) / len(values)
-    if mean == 0:
-        return None
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return math.sqrt(var) / mean
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean else None
 
 
 def _base_run_name(entry: Dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ each timed sample runs batches back to back until their GPU time reaches ``MIN_T
 GPU time per launch over all of them: one untimed sample, then ``--repetitions`` timed ones. So
 PyTorch is timed in the same steady state as the course's kernels: a GPU running a large GEMM settles
 at its power limit and a lower clock within a few tens of milliseconds, and a burst of a few
-milliseconds would time it at the higher clock it starts with (docs/notes/ch07.md, Session 30).
+milliseconds would time it at the higher clock it starts with.
 Counters follow the course's convention:
 ``bytes_per_second`` counts the case's fewest bytes, ``flops`` the useful floating-point operations.
 A second pass (``--kernels``, a separate run after the timed one, so that the profiler never runs in
@@ -41,6 +41,7 @@ import math
 import os
 import re
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -87,33 +88,19 @@ class CaseResult:
         return "%s/%s/%s/manual_time" % (self.chapter, self.variant, self.case)
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
-
-
 def _stddev(values: Sequence[float]) -> float:
     # Sample standard deviation (n - 1), as Google Benchmark computes it; 0 for a single value.
-    if len(values) < 2:
-        return 0.0
-    mean = _mean(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def _cv(values: Sequence[float]) -> float:
-    mean = _mean(values)
+    mean = statistics.fmean(values)
     return _stddev(values) / mean if mean else 0.0
 
 
 STATISTICS: Dict[str, Callable[[Sequence[float]], float]] = {
-    "mean": _mean,
-    "median": _median,
+    "mean": statistics.fmean,
+    "median": statistics.median,
     "stddev": _stddev,
     "cv": _cv,
     "min": min,
@@ -446,7 +433,7 @@ def graph_and_eager_results(env: Env, chapter: str, case: str, launches: Sequenc
     for variant, timed in (("pytorch", graph), ("pytorch_eager", eager)):
         results.append(CaseResult(chapter=chapter, case=case, variant=variant, times_s=timed["times"],
                                   cpu_times_s=timed["cpu_times"], kernels=graph["kernels"], **fields))
-        env.log("%s %s %s: median %.1f us per launch" % (chapter, variant, case, _median(timed["times"]) * 1e6))
+        env.log("%s %s %s: median %.1f us per launch" % (chapter, variant, case, statistics.median(timed["times"]) * 1e6))
     return results
 
 
@@ -514,7 +501,7 @@ def ch01_vector_add(env: Env) -> List[CaseResult]:
                                   cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=12.0 * n,
                                   counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
         env.log("ch01 fp32_N%d: median %.2f us per launch (%d sets, %d launches per batch)"
-                % (n, _median(timed["times"]) * 1e6, sets, batch))
+                % (n, statistics.median(timed["times"]) * 1e6, sets, batch))
         del tensors, launches, a, b, c
         torch.cuda.empty_cache()
     return results
@@ -564,7 +551,7 @@ def ch02_tiled_matmul(env: Env) -> List[CaseResult]:
                                       cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=min_bytes,
                                       flop_count=2.0 * m * n * k,
                                       counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
-            env.log("ch02 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
+            env.log("ch02 %s: median %.1f us per launch" % (label, statistics.median(timed["times"]) * 1e6))
             del operands
             torch.cuda.empty_cache()
     return results
@@ -668,7 +655,7 @@ def ch04_moe_gating(env: Env) -> List[CaseResult]:
     The counts come from torch.histc with its range given, not torch.bincount: bincount sizes its
     output from the ids' range, which it copies to the host and waits for on every call, so the row
     would hold a host round trip in the middle of the launches; scatter_add_ into zeros waits on
-    nothing but its atomics contend (Session 32 in docs/notes/ch04.md). The C++ kernels count on the
+    nothing but its atomics contend. The C++ kernels count on the
     device without waiting, and so does this (a call that waits on the host could not be captured).
 
     Each case gives two rows (graph_and_eager_results): ``pytorch``, timed as the chapter's C++ rows
@@ -832,7 +819,7 @@ def ch07_hopper_gemm(env: Env) -> List[CaseResult]:
                                   cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=min_bytes,
                                   flop_count=2.0 * m * n * k,
                                   counters={"launches_per_batch": float(batch), "rotating_sets": float(sets)}))
-        env.log("ch07 %s: median %.1f us per launch" % (label, _median(timed["times"]) * 1e6))
+        env.log("ch07 %s: median %.1f us per launch" % (label, statistics.median(timed["times"]) * 1e6))
         del operands
         torch.cuda.empty_cache()
     return results
@@ -885,7 +872,7 @@ def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any]) -> List[C
                                   min_bytes=ch05_min_bytes(sizes, n, k),
                                   flop_count=2.0 * rows * n * k,
                                   counters={"launches_per_batch": 1.0, "rotating_sets": 1.0}))
-        env.log("%s %s: median %.1f us per launch" % (chapter, label, _median(timed["times"]) * 1e6))
+        env.log("%s %s: median %.1f us per launch" % (chapter, label, statistics.median(timed["times"]) * 1e6))
         del a, w, ends, w_kn, out
         torch.cuda.empty_cache()
     return results

@@ -605,7 +605,7 @@ class KernelNamesTest(unittest.TestCase):
 
     def test_real_profiler_names(self):
         # data/torch_profiler_cutlass_names.txt: the two kernels torch._grouped_mm ran on an H200 (PyTorch
-        # 2.11), as torch.profiler named them (docs/notes/ch05.md, Session 31).
+        # 2.11), as torch.profiler named them.
         with open(os.path.join(TESTS_DIR, "data", "torch_profiler_cutlass_names.txt"), encoding="utf-8") as f:
             names = f.read().split()
         self.assertTrue(names)

@@ -3,7 +3,7 @@
 # GPU tests one step at a time under a timeout (so a hang names its step and the later steps still
 # run), dump the SASS summary of each kernel, then a short benchmark of the cases that pass.
 #
-#   tools/step_probe.sh CHAPTER BENCH_FILTER STEP...
+#   lab/tools/step_probe.sh CHAPTER BENCH_FILTER STEP...
 #     CHAPTER       chNN (its test and benchmark programs are chNN_*_test and chNN_*_bench)
 #     BENCH_FILTER  a --benchmark_filter for the short benchmark ('' skips it)
 #     STEP          a gtest filter fragment per step, e.g. step1_tma_wgmma
@@ -13,7 +13,7 @@ set -uo pipefail
 chapter=$1
 bench_filter=$2
 shift 2
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 out=${OUT:-$root/out}/probe
 mkdir -p "$out"

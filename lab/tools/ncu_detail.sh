@@ -4,7 +4,7 @@
 # launch, as ncu's own text report. For the question a
 # kc_profile.py line cannot answer ("the kernel is at 58 % issue efficiency: waiting on what?").
 #
-#   tools/ncu_detail.sh BENCH CASE KERNEL_REGEX OUT.txt
+#   lab/tools/ncu_detail.sh BENCH CASE KERNEL_REGEX OUT.txt
 #
 # Clocks are left as they are (--clock-control none), as for every profile in this repository; the
 # benchmark runs one repetition of CASE and ncu profiles the first kernel matching KERNEL_REGEX.

@@ -8,9 +8,9 @@ anywhere). The summary splits the kernel at a marker instruction: by default the
 "through the main loop" and "after it" (the epilogue) come out separately, each with its warp
 instructions executed per warp, its share of the stall samples, the stall reasons and the opcodes.
 
-    python3 tools/ncu_source.py run --bench BENCH --case CASE [--kernel REGEX] --out source.csv
-    python3 tools/ncu_source.py summary source.csv [--split-after REGEX]
-    python3 tools/ncu_source.py compact source.csv --out compact.csv   # the columns worth keeping
+    python3 lab/tools/ncu_source.py run --bench BENCH --case CASE [--kernel REGEX] --out source.csv
+    python3 lab/tools/ncu_source.py summary source.csv [--split-after REGEX]
+    python3 lab/tools/ncu_source.py compact source.csv --out compact.csv   # the columns worth keeping
 
 Warps per launch are read from the kernel's first instruction, which every warp executes once.
 Clocks are left as they are (--clock-control none), as for every profile in this repository.
@@ -27,7 +27,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The learner tools these probes build on live in tools/ at the top of the repository.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import kc_profile  # noqa: E402  (where ncu is, and the filter that selects one case)
 
 EXECUTED = "Instructions Executed"

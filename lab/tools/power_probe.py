@@ -10,9 +10,9 @@ power, temperature and clock-event reasons every few tens of milliseconds, and r
 back (`summary`, anywhere): per filter, the median SM clock and power over the busy samples, the
 reasons decoded, and the benchmark's medians from its JSON.
 
-    python3 tools/power_probe.py run --bench BENCH --filter REGEX [--filter REGEX ...] --out DIR \\
+    python3 lab/tools/power_probe.py run --bench BENCH --filter REGEX [--filter REGEX ...] --out DIR \\
         [--repetitions 5] [--interval-ms 50]
-    python3 tools/power_probe.py summary DIR [--busy-watts W]
+    python3 lab/tools/power_probe.py summary DIR [--busy-watts W]
 
 "Busy" samples are those drawing at least --busy-watts (default: half the highest power sampled in
 that file), which drops the idle time before and after the benchmark's launches.
@@ -31,7 +31,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The learner tools these probes build on live in tools/ at the top of the repository.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import kc_results  # noqa: E402  (the benchmark JSON parser the results tables use)
 
 # clocks_throttle_reasons is the older name of clocks_event_reasons; driver 580 takes it and heads the
