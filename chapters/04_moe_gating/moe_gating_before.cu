@@ -11,9 +11,10 @@
 // (for fp32 logits that triples the bytes), three launches with a gap between them, and the
 // shuffle-heavy selection.
 //
-// The top-k kernel ranks fp32 probabilities, as frameworks do. Two logits less than an fp32 rounding
-// step apart can give equal probabilities, which then tie-break by id; the fused kernel ranks the
-// logits themselves and is exact. The tests therefore give the before path well-separated logits.
+// The top-k kernel ranks the logits (softmax is strictly increasing, so that is the ranking of the
+// probabilities) and then takes the chosen experts' probabilities by id. Ranking the fp32
+// probabilities instead would tie every expert whose probability underflows to 0 and break those
+// ties by id; ranking logits keeps one contract for every path (moe_gating.hpp).
 #include <algorithm>
 #include <cstdint>
 #include <string>
