@@ -98,10 +98,10 @@ TEST_F(MoeGatingGpu, NanAndInfRowsFollowThePolicy) {
     std::fill(r + 4 * e, r + 5 * e, nan);                // row 4: all NaN: weights 0
     for (int i = 0; i < e; i += 2) r[5 * e + i] = -inf;  // row 5: half -Inf
     r[6 * e + 0] = inf, r[6 * e + 1] = -inf;             // row 6: +Inf beside -Inf (one lane's sum is NaN)
-    // The fused kernels and their steps; the before path is not run on these rows.
+    // Every path, the three-kernel before included: the policy is part of the one contract.
     for (const GatingParams& p :
          {softmax_params(7, e, std::min(e, 6), false), softmax_params(7, e, std::min(e, 6), true)}) {
-      check_paths({Path::after_fused, Path::step1_packed_keys, Path::step2_lean_rounds}, p, logits);
+      check_paths({Path::before, Path::after_fused, Path::step1_packed_keys, Path::step2_lean_rounds}, p, logits);
     }
   }
 }
