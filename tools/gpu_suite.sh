@@ -6,7 +6,9 @@
 # lessons' cases, then the generated tables and plots.
 #
 #   tools/gpu_suite.sh --commit SHA [--reps N] [--jobs N] [--no-sanitize] [--no-exercises]
-#                      [--no-profile] [--no-pytorch] [chNN ...]
+#                      [--no-profile] [--no-pytorch] [--no-bench] [chNN ...]
+#
+# --no-bench stops after the tests, sanitizers and exercise checks: a correctness run.
 #
 # The device's copy of the tree has no .git, so the commit is passed in. Chapters default to all.
 # What lands under $OUT:
@@ -26,6 +28,7 @@ sanitize=1
 exercises=1
 profile=1
 pytorch=1
+bench=1
 chapters=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
     --no-exercises) exercises=0; shift ;;
     --no-profile) profile=0; shift ;;
     --no-pytorch) pytorch=0; shift ;;
+    --no-bench) bench=0; shift ;;
     ch[0-9][0-9]) chapters+=("$1"); shift ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -172,6 +176,12 @@ if [ "$exercises" = 1 ]; then
     echo "$ch: $verdict"
     note "$ch" "" "## Exercise skeleton ($(($(date +%s) - t0)) s): $verdict" "$(ctest_summary "$log" | head -8)"
   done
+fi
+
+if [ "$bench" = 0 ]; then
+  pack
+  echo "suite status: $status (0 = all passed; correctness only, no benchmarks), $(($(date +%s) - start)) s"
+  exit $status
 fi
 
 step "benchmarks ($reps repetitions, interleaved)"
