@@ -216,7 +216,7 @@ __device__ __forceinline__ void select_top_k(const unsigned (&key)[N], int seg_l
   }
 }
 
-// Programmatic dependent launch (sm_90 on; Chapter 7 explains it in full). A kernel launched with
+// Programmatic dependent launch (sm_90 on). A kernel launched with
 // the attribute "programmatic stream serialization" may start as soon as every block of the kernel
 // before it has run griddepcontrol.launch_dependents (or exited), instead of after that kernel has
 // finished; it runs griddepcontrol.wait before it touches anything the kernel before it writes,
