@@ -7,6 +7,7 @@
 #   kc_add_chapter(NUMBER 01 NAME vector_add
 #                  SOURCES vector_add_before.cu vector_add_after.cu
 #                  EXERCISES vector_add_after.cu        # replaced by exercises/<file> with -DKC_EXERCISES=ON
+#                  [EXERCISE_HEADERS tile_map.hpp]       # headers with exercise regions (included with <>)
 #                  [HOPPER STUB_SOURCES stub.cu]         # sm_90a only; STUB_SOURCES when no sm_90 is built
 #                  [TEST_SOURCES a_test.cu b_test.cu]    # under tests/; default NN_NAME_test.cu
 #                  [LINK CUDA::cublas]                   # extra libraries for the kernels, tests and benchmark
@@ -66,7 +67,7 @@ function(kc_discover_tests target)
 endfunction()
 
 function(kc_add_chapter)
-  cmake_parse_arguments(CH "HOPPER" "NUMBER;NAME;GPU_TIMING_TESTS" "SOURCES;EXERCISES;STUB_SOURCES;TEST_SOURCES;LINK" ${ARGN})
+  cmake_parse_arguments(CH "HOPPER" "NUMBER;NAME;GPU_TIMING_TESTS" "SOURCES;EXERCISES;EXERCISE_HEADERS;STUB_SOURCES;TEST_SOURCES;LINK" ${ARGN})
   set(id "ch${CH_NUMBER}")
   set(lib "${id}_${CH_NAME}")
   set(dir "${CMAKE_CURRENT_SOURCE_DIR}")
@@ -102,6 +103,11 @@ function(kc_add_chapter)
 
   add_library(${lib} STATIC ${sources})
   target_include_directories(${lib} PUBLIC "${dir}")
+  if(swap AND CH_EXERCISE_HEADERS)
+    # Headers with exercise regions: their skeletons in exercises/ come first on the include path (the
+    # chapter includes them with angle brackets, so the including file's own folder is not searched first).
+    target_include_directories(${lib} BEFORE PUBLIC "${dir}/exercises")
+  endif()
   target_link_libraries(${lib} PUBLIC kc_common ${CH_LINK} PRIVATE kc_warnings)
   set_target_properties(${lib} PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
