@@ -6,9 +6,10 @@
 # lessons' cases, then the generated tables and plots.
 #
 #   tools/gpu_suite.sh --commit SHA [--reps N] [--jobs N] [--no-sanitize] [--no-exercises]
-#                      [--no-profile] [--no-pytorch] [--no-bench] [chNN ...]
+#                      [--no-profile] [--no-pytorch] [--no-bench] [--no-tests] [chNN ...]
 #
-# --no-bench stops after the tests, sanitizers and exercise checks: a correctness run.
+# --no-bench stops after the tests, sanitizers and exercise checks: a correctness run. --no-tests skips
+# ctest (for a call that has just run the README's test command).
 #
 # The device's copy of the tree has no .git, so the commit is passed in. Chapters default to all.
 # What lands under $OUT:
@@ -29,6 +30,7 @@ exercises=1
 profile=1
 pytorch=1
 bench=1
+tests=1
 chapters=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,6 +42,7 @@ while [ $# -gt 0 ]; do
     --no-profile) profile=0; shift ;;
     --no-pytorch) pytorch=0; shift ;;
     --no-bench) bench=0; shift ;;
+    --no-tests) tests=0; shift ;;
     ch[0-9][0-9]) chapters+=("$1"); shift ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -113,18 +116,20 @@ cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" >"$logs/build.log"
 grep -E "ptxas info|bytes stack frame|spill|Compiling entry" "$logs/build.log" >"$logs/ptxas.txt" || true
 note all "" "## Build (sm_90, warnings as errors): $(($(date +%s) - t0)) s, $(grep -c 'Compiling entry' "$logs/ptxas.txt") kernels compiled"
 
-step "tests (ctest -j $jobs; tests named *Timing* hold RESOURCE_LOCK gpu_timing)"
-t0=$(date +%s)
-ctest --test-dir "$build" -L '^common$' -j "$jobs" --timeout 300 --output-on-failure >"$logs/ctest_common.log" 2>&1 ||
-  fail all "common tests"
-note all "" "## Tests of the shared harness (ctest -L common)" "$(ctest_summary "$logs/ctest_common.log")"
-for ch in "${chapters[@]}"; do
+if [ "$tests" = 1 ]; then
+  step "tests (ctest -j $jobs; tests named *Timing* hold RESOURCE_LOCK gpu_timing)"
   t0=$(date +%s)
-  ctest --test-dir "$build" -L "^$ch\$" -j "$jobs" --timeout 300 --output-on-failure \
-    --output-junit "$logs/ctest_$ch.xml" >"$logs/ctest_$ch.log" 2>&1 || fail "$ch" "$ch tests"
-  note "$ch" "" "## Tests (ctest -L $ch -j $jobs): $(($(date +%s) - t0)) s wall" "$(ctest_summary "$logs/ctest_$ch.log")"
-  echo "$ch: $(grep -E 'tests passed' "$logs/ctest_$ch.log")"
-done
+  ctest --test-dir "$build" -L '^common$' -j "$jobs" --timeout 300 --output-on-failure >"$logs/ctest_common.log" 2>&1 ||
+    fail all "common tests"
+  note all "" "## Tests of the shared harness (ctest -L common)" "$(ctest_summary "$logs/ctest_common.log")"
+  for ch in "${chapters[@]}"; do
+    t0=$(date +%s)
+    ctest --test-dir "$build" -L "^$ch\$" -j "$jobs" --timeout 300 --output-on-failure \
+      --output-junit "$logs/ctest_$ch.xml" >"$logs/ctest_$ch.log" 2>&1 || fail "$ch" "$ch tests"
+    note "$ch" "" "## Tests (ctest -L $ch -j $jobs): $(($(date +%s) - t0)) s wall" "$(ctest_summary "$logs/ctest_$ch.log")"
+    echo "$ch: $(grep -E 'tests passed' "$logs/ctest_$ch.log")"
+  done
+fi
 
 if [ "$sanitize" = 1 ]; then
   step "compute-sanitizer on small cases (KC_SMALL_TESTS=1, GPU tests only)"
