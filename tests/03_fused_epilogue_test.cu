@@ -19,7 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "activation.cuh"
+// Angle brackets, as the chapter: the exercise build tests the skeleton's activation.cuh.
+#include <activation.cuh>
+
 #include "fused_epilogue.hpp"
 #include "kc/compare.hpp"
 #include "kc/device_buffer.hpp"

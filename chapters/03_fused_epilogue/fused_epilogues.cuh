@@ -24,7 +24,9 @@
 
 #include <cstdint>
 
-#include "activation.cuh"
+// Angle brackets: the exercise build puts the skeleton's activation.cuh first on the include path.
+#include <activation.cuh>
+
 #include "fused_epilogue.hpp"
 #include "gemm_bf16_mainloop.cuh"
 #include "gemm_bf16_store.cuh"
@@ -80,6 +82,11 @@ struct BiasActivationResidual {
   /// thread from shared memory), the residual already in shared memory.
   __device__ void finish4(float (&x)[4], const float (&bias4)[4], const __nv_bfloat16* residual4,
                           __nv_bfloat16* out) const {
+    // exercise 2: out = act(x + bias) + residual for the four outputs, in fp32: add bias4 when there
+    // exercise 2: is a bias, activate4, then add the residual (load4 from residual4) when there is one.
+    // exercise 2: Round once, in the store below.
+    // stub: (void)bias4;
+    // stub: (void)residual4;
     if (bias != nullptr) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[e] += bias4[e];
@@ -91,6 +98,7 @@ struct BiasActivationResidual {
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[e] += r[e];
     }
+    // end exercise 2
     store4(x, out);
   }
 
@@ -157,11 +165,16 @@ struct SwiGlu {
   /// Two outputs from the accumulators of W columns col..col+3 (gate, up, gate, up), @p bias4 the
   /// bias of those columns; one 4-byte store at @p out.
   __device__ void finish4(float (&x)[4], const float (&bias4)[4], const __nv_bfloat16*, __nv_bfloat16* out) const {
+    // exercise 3: SwiGLU's pairing: x holds (gate, up, gate, up) of two outputs. Add bias4 when there
+    // exercise 3: is a bias, then store silu(gate) * up for both pairs as one bf16x2 at out.
+    // stub: (void)bias4;
+    // stub: *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(x[0], x[2]);
     if (bias != nullptr) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[e] += bias4[e];
     }
     *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(silu(x[0]) * x[1], silu(x[2]) * x[3]);
+    // end exercise 3
   }
 
   /// `count` (even) W columns from col on exist; col is even.
@@ -217,12 +230,20 @@ struct RegisterBiasActivationResidual {
   template <class Cfg>
   __device__ void finish_pair(float& x, float& y, int tile_row, int tile_col, const unsigned char* smem) const {
     const unsigned char* area = smem + Prefetch<Cfg>::offset;
+    // exercise 4: Read the bias pair (a row of bf16 at area + Prefetch<Cfg>::residual_bytes, indexed by
+    // exercise 4: tile_col) and the residual pair (rows of Prefetch<Cfg>::residual_ld bf16 from area, at
+    // exercise 4: tile_row, tile_col) as bf16x2, then x = act(x + bias) + residual and the same for y.
+    // exercise 4: No branch: zeros stand in for a missing bias or residual.
+    // stub: (void)area;
+    // stub: (void)tile_row;
+    // stub: (void)tile_col;
     const float2 b = __bfloat1622float2(
         *reinterpret_cast<const __nv_bfloat162*>(area + Prefetch<Cfg>::residual_bytes + tile_col * 2));
     const float2 r = __bfloat1622float2(
         *reinterpret_cast<const __nv_bfloat162*>(area + (tile_row * Prefetch<Cfg>::residual_ld + tile_col) * 2));
     x = activate(x + b.x, kActivation) + r.x;
     y = activate(y + b.y, kActivation) + r.y;
+    // end exercise 4
   }
 
   /// Zero-fills the Prefetch area where there is no bias or no residual, then issues the copies of
