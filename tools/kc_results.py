@@ -717,10 +717,17 @@ def _split_repeat(item: str) -> Tuple[str, Optional[str]]:
     return (name, count) if mark and count.isdigit() else (item, None)
 
 
+# How torch.profiler prefixes a kernel in an anonymous namespace ("{anonymous}::softmax_warp_forward").
+ANONYMOUS_SCOPE = "{anonymous}::"
+
+
 def _kernel_cell(item: str) -> str:
     """One kernel of a label as the results page shows it: its name in code type, and a repeat
-    count after it, outside the code type."""
+    count after it, outside the code type. A kernel in an anonymous namespace shows without its
+    "{anonymous}::" prefix: it names no scope a reader can use, and Doxygen reads "}::name" as a
+    link request it cannot resolve."""
     name, count = _split_repeat(item)
+    name = name.replace(ANONYMOUS_SCOPE, "")
     return "`%s`" % name if count is None else "`%s`%s%s" % (name, KERNEL_REPEAT, count)
 
 

@@ -17,15 +17,16 @@
 
 namespace kc::ch04::fused {
 
-inline constexpr int kCachedDevices = 16;  // devices whose occupancy the launch functions remember
+inline constexpr int kCachedDevices = 16;  ///< devices whose occupancy the launch functions remember
 
-// What a launch needs to know about the current device, asked once a launch (gating_after_impl).
+/// What a launch needs to know about the current device, asked once a launch (gating_after_impl).
 struct Gpu {
-  int device = 0;
-  int sms = 1;
-  bool sm90_or_later = false;  // griddepcontrol (programmatic dependent launch) and clusters
+  int device = 0;              ///< the current device's ordinal
+  int sms = 1;                 ///< its streaming multiprocessors
+  bool sm90_or_later = false;  ///< compute capability 9.0 or later: griddepcontrol and clusters
 };
 
+/// The current device's Gpu facts: three runtime queries, no synchronisation.
 inline Gpu current_gpu() {
   Gpu gpu;
   int major = 0;
@@ -36,17 +37,17 @@ inline Gpu current_gpu() {
   return gpu;
 }
 
-// One wave: at most as many blocks as fit on the GPU at once (a grid-stride loop does the rest).
-// A grid of 8 blocks per SM for a kernel of which only 6 fit ran as 1.33 waves, its last third on a
-// quarter of the machine.
+/// Blocks for @p rows rows at @p rows_per_block a block, capped at one wave: at most @p per_sm blocks
+/// on each SM of @p gpu (a grid-stride loop does the rest). A grid of 8 blocks per SM for a kernel of
+/// which only 6 fit runs as 1.33 waves, its last third on a quarter of the machine.
 inline unsigned grid_for(std::int64_t rows, int rows_per_block, int per_sm, const Gpu& gpu) {
   const std::int64_t wanted = (rows + rows_per_block - 1) / rows_per_block;
   const std::int64_t resident = static_cast<std::int64_t>(gpu.sms) * (per_sm > 0 ? per_sm : 1);
   return static_cast<unsigned>(wanted < resident ? wanted : resident);
 }
 
-// Blocks of `kernel` that fit on one SM with `dynamic_shared_bytes` each, asked once per device and
-// kept in the caller's `cache` (one per kernel instance): the launch path stays a few cheap host calls.
+/// Blocks of `kernel` that fit on one SM with `dynamic_shared_bytes` each, asked once per device and
+/// kept in the caller's `cache` (one per kernel instance): the launch path stays a few cheap host calls.
 template <typename Kernel>
 int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], const Gpu& gpu,
                   std::size_t dynamic_shared_bytes = 0, int threads = kThreads) {
@@ -60,28 +61,28 @@ int blocks_per_sm(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], cons
   return blocks;
 }
 
-// Where a fused kernel is launched: its stream, whether as its predecessor's programmatic
-// dependent, and whether in clusters that sum their counts before flushing them (flush_histogram).
+/// Where a fused kernel is launched: its stream, whether as its predecessor's programmatic
+/// dependent, and whether in clusters that sum their counts before flushing them (flush_histogram).
 struct LaunchOn {
-  cudaStream_t stream;
-  bool early;              // programmatic dependent launch (Launching::early on sm_90 or later)
-  bool flush_in_clusters;  // the kernel counts (fused) on sm_90, E > 128 (moe_gating_after.cu):
-                           // gating_grid may use clusters
-  Gpu gpu;                 // DeepSeek-V3's wide blocks need gpu.sm90_or_later: the 64-register
-                           // instance (deepseek_min_blocks) is only in sm_90's code
+  cudaStream_t stream;     ///< the stream every kernel of the call goes on
+  bool early;              ///< programmatic dependent launch (Launching::early on sm_90 or later)
+  bool flush_in_clusters;  ///< the kernel counts (fused) on sm_90, E > 128 (moe_gating_after.cu):
+                           ///< gating_grid may use clusters
+  Gpu gpu;                 ///< the current device; DeepSeek-V3's wide blocks need gpu.sm90_or_later:
+                           ///< the 64-register instance (deepseek_min_blocks) is only in sm_90's code
 };
 
-// The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
-// clusters; more needs sm_90).
+/// The shape of a launch: blocks, threads a block, dynamic shared memory, and blocks a cluster (1: no
+/// clusters; more needs sm_90).
 struct KernelShape {
-  unsigned blocks;
-  unsigned threads;
-  std::size_t shared_bytes = 0;
-  unsigned cluster_blocks = 1;
+  unsigned blocks;               ///< blocks in the grid (a multiple of cluster_blocks)
+  unsigned threads;              ///< threads a block
+  std::size_t shared_bytes = 0;  ///< dynamic shared memory a block, in bytes
+  unsigned cluster_blocks = 1;   ///< blocks a cluster along x (1: no clusters)
 };
 
-// Launches `kernel`, as the programmatic dependent of the kernel before it on `stream` when
-// `dependent` (the attribute "programmatic stream serialization"; see allow_dependent_launch).
+/// Launches `kernel`, as the programmatic dependent of the kernel before it on `stream` when
+/// `dependent` (the attribute "programmatic stream serialization"; see allow_dependent_launch).
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), const KernelShape& shape, cudaStream_t stream, bool dependent,
                    Args&&... args) {
@@ -109,12 +110,12 @@ void launch_kernel(void (*kernel)(Params...), const KernelShape& shape, cudaStre
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
-// The fewest blocks a grid needs to flush its counts in clusters: below that the flush sends few
-// requests anyway (chosen, not measured on its own).
+/// The fewest blocks a grid needs to flush its counts in clusters: below that the flush sends few
+/// requests anyway (chosen, not measured on its own).
 constexpr std::int64_t kFlushClustersFromBlocks = 64;
 
-// Clusters of kFlushClusterBlocks blocks of `kernel` (with `dynamic_shared_bytes` each) that fit on
-// the GPU at once, asked once per device and kept in `cache`, as blocks_per_sm does.
+/// Clusters of kFlushClusterBlocks blocks of `kernel` (with `dynamic_shared_bytes` each) that fit on
+/// the GPU at once, asked once per device and kept in `cache`, as blocks_per_sm does.
 template <typename Kernel>
 int flush_clusters_resident(Kernel kernel, std::atomic<int> (&cache)[kCachedDevices], const Gpu& gpu,
                             std::size_t dynamic_shared_bytes, int threads) {
@@ -139,17 +140,17 @@ int flush_clusters_resident(Kernel kernel, std::atomic<int> (&cache)[kCachedDevi
   return clusters;
 }
 
-// Per-kernel answers to the occupancy questions of gating_grid, asked once per device.
+/// Per-kernel answers to the occupancy questions of gating_grid, asked once per device.
 struct OccupancyCache {
-  std::atomic<int> blocks_per_sm[kCachedDevices];
-  std::atomic<int> flush_clusters[kCachedDevices];
+  std::atomic<int> blocks_per_sm[kCachedDevices];   ///< by device: blocks an SM (0: not asked yet)
+  std::atomic<int> flush_clusters[kCachedDevices];  ///< by device: resident flush clusters (0: not asked yet)
 };
 
-// The launch shape of a gating kernel over `rows` rows, `rows_per_block` a block: one wave at most
-// (grid_for; a grid-stride loop does the rest). When the kernel counts on sm_90
-// (`on.flush_in_clusters`) and the grid has kFlushClustersFromBlocks blocks or more, it becomes whole
-// clusters of kFlushClusterBlocks, if they all fit at once. A launch too large for one wave keeps no
-// clusters: its blocks end at different times, so their flushes do not meet.
+/// The launch shape of a gating kernel over `rows` rows, `rows_per_block` a block: one wave at most
+/// (grid_for; a grid-stride loop does the rest). When the kernel counts on sm_90
+/// (`on.flush_in_clusters`) and the grid has kFlushClustersFromBlocks blocks or more, it becomes whole
+/// clusters of kFlushClusterBlocks, if they all fit at once. A launch too large for one wave keeps no
+/// clusters: its blocks end at different times, so their flushes do not meet.
 template <typename Kernel>
 KernelShape gating_grid(Kernel kernel, std::int64_t rows, int rows_per_block, std::size_t shared_bytes,
                         std::size_t occupancy_shared_bytes, const LaunchOn& on, OccupancyCache& cache,
@@ -168,27 +169,27 @@ KernelShape gating_grid(Kernel kernel, std::int64_t rows, int rows_per_block, st
   return KernelShape{blocks, static_cast<unsigned>(threads), shared_bytes};
 }
 
-// Launches one fused kernel with `shape`, early when `on.early`: the GPU may then schedule its
-// blocks while the kernel before it is still running (each block waits at its top,
-// start_as_dependent), so the launch's own latency is hidden behind that kernel instead of added
-// after it.
+/// Launches one fused kernel with `shape`, early when `on.early`: the GPU may then schedule its
+/// blocks while the kernel before it is still running (each block waits at its top,
+/// start_as_dependent), so the launch's own latency is hidden behind that kernel instead of added
+/// after it.
 template <typename... Params, typename... Args>
 void launch_gating_kernel(void (*kernel)(Params...), const KernelShape& shape, const LaunchOn& on, Args&&... args) {
   launch_kernel(kernel, shape, on.stream, on.early, std::forward<Args>(args)...);
 }
 
-// DeepSeek-V3's arguments (deepseek_v3_grouped_routing.cu).
+/// DeepSeek-V3's arguments (deepseek_v3_grouped_routing.cu), passed by value.
 struct DeepSeekArgs {
-  const float* bias;  // [E] or null
-  float* weights;
-  std::int32_t* ids;
-  std::int32_t* counts;
-  std::int64_t num_tokens;
-  int num_experts;
-  int k;
-  int n_group;
-  int topk_group;
-  float scale;
+  const float* bias;        ///< [E] correction bias added to the scores for selection, or null (zero)
+  float* weights;           ///< [T, k] routing weights out
+  std::int32_t* ids;        ///< [T, k] expert ids out
+  std::int32_t* counts;     ///< [E] tokens per expert, added to with atomics; null: do not count here
+  std::int64_t num_tokens;  ///< T, rows of logits
+  int num_experts;          ///< E, logits a row
+  int k;                    ///< experts chosen a row
+  int n_group;              ///< equal groups the E experts form
+  int topk_group;           ///< groups kept per token
+  float scale;              ///< routed scaling factor applied to the normalised weights
 };
 
 // The launch functions of the kernel files. Each validates nothing (gating_after() has) and picks

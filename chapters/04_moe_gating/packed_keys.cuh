@@ -30,7 +30,7 @@ namespace kc::ch04::fused {
 // they never need it. The weights are computed from the winners' logits reloaded by id (a cache
 // hit: the row was just read), never from the shortened keys.
 
-// Bits of a packed key that hold the id: the segment holds L * N experts (a power of two).
+/// Bits of a packed key that hold the id, b = log2(L * N): the segment holds L * N experts (a power of two).
 template <int L, int N>
 __host__ __device__ constexpr int id_bits() {
   int b = 0;
@@ -38,10 +38,10 @@ __host__ __device__ constexpr int id_bits() {
   return b;
 }
 
-// The packed key of value j of segment lane seg_lane (its expert is expert_of<L, V>(j, seg_lane)).
-// Four instructions: a shift, a LOP3, two adds. Taking the two's complement of the sign-magnitude
-// float (xor with the sign mask, subtract it) sends -0 and +0 to the same number, without the
-// x + 0.0f of order_bits. NaN and padding are fixed afterwards by fix_packed_keys (rare).
+/// The packed key of value j of segment lane seg_lane (its expert is expert_of<L, V>(j, seg_lane)).
+/// Four instructions: a shift, a LOP3, two adds. Taking the two's complement of the sign-magnitude
+/// float (xor with the sign mask, subtract it) sends -0 and +0 to the same number, without the
+/// x + 0.0f of order_bits. NaN and padding are fixed afterwards by fix_packed_keys (rare).
 template <int L, int V, int kIdBits>
 __device__ __forceinline__ unsigned packed_key(float x, int j, int seg_lane) {
   constexpr unsigned kIdMask = (1u << kIdBits) - 1u;
@@ -55,10 +55,10 @@ __device__ __forceinline__ unsigned packed_key(float x, int j, int seg_lane) {
   return ordered ^ (0x80000000u | kIdMask ^ value_part) ^ lane_part;
 }
 
-// The slow path of the keys, for a warp where some lane holds a NaN or padding: a NaN gets the
-// prefix of kNanKey (below -Inf, all NaNs equal, so the id decides), padding gets 0, which loses
-// to every expert. The id bits of a NaN's key are already right. Padding is whole vectors
-// (E % V == 0), so it is tested once a vector.
+/// The slow path of the keys, for a warp where some lane holds a NaN or padding: a NaN gets the
+/// prefix of kNanKey (below -Inf, all NaNs equal, so the id decides), padding gets 0, which loses
+/// to every expert. The id bits of a NaN's key are already right. Padding is whole vectors
+/// (E % V == 0), so it is tested once a vector.
 template <int L, int N, int V, int kIdBits>
 __device__ __forceinline__ void fix_packed_keys(const float (&x)[N], int num_experts, int seg_lane,
                                                 unsigned (&packed)[N]) {
@@ -76,10 +76,10 @@ __device__ __forceinline__ void fix_packed_keys(const float (&x)[N], int num_exp
   }
 }
 
-// The packed keys of a lane's values (steps 2 and 3), and whether they may hold a NaN: a sum of
-// the values (N - 1 adds on the FMA pipe, in two chains, then one compare) is NaN iff some value is
-// NaN, or +Inf and -Inf (or overflows of both signs) meet, which only costs the slow path
-// (fix_packed_keys).
+/// The packed keys of a lane's values (steps 2 and 3), and whether they may hold a NaN: a sum of
+/// the values (N - 1 adds on the FMA pipe, in two chains, then one compare) is NaN iff some value is
+/// NaN, or +Inf and -Inf (or overflows of both signs) meet, which only costs the slow path
+/// (fix_packed_keys).
 template <int L, int N, int V, int kIdBits>
 __device__ __forceinline__ bool packed_keys_nan_tested(const float (&x)[N], int seg_lane, unsigned (&packed)[N]) {
 #pragma unroll
@@ -94,8 +94,8 @@ __device__ __forceinline__ bool packed_keys_nan_tested(const float (&x)[N], int 
   return sum != sum;
 }
 
-// The largest two of u[kFirst, kFirst + kCount): pairs, then merges of sorted pairs, all unsigned
-// max/min (one instruction each): the ids ride inside the keys. 20 instructions for 8 keys.
+/// The largest two of u[kFirst, kFirst + kCount): pairs, then merges of sorted pairs, all unsigned
+/// max/min (one instruction each): the ids ride inside the keys. 20 instructions for 8 keys.
 template <int kFirst, int kCount, int N>
 __device__ __forceinline__ void top2_packed(const unsigned (&u)[N], unsigned& hi, unsigned& lo) {
   if constexpr (kCount == 1) {
@@ -110,7 +110,7 @@ __device__ __forceinline__ void top2_packed(const unsigned (&u)[N], unsigned& hi
   }
 }
 
-// The segment's largest packed key, known to all its lanes.
+/// The segment's largest packed key, known to all its lanes.
 template <int L>
 __device__ __forceinline__ unsigned segment_max(unsigned key) {
   if constexpr (L == 32) {
@@ -122,9 +122,9 @@ __device__ __forceinline__ unsigned segment_max(unsigned key) {
   }
 }
 
-// After a round whose winning key is `best`: the lane that held it moves its second candidate up,
-// and if a lane won with no second known (c1 == c2), the warp rescans for each lane's best two
-// below `best` (the winners so far are exactly the keys >= best). Every packed-key kernel calls it.
+/// After a round whose winning key is `best`: the lane that held it moves its second candidate up,
+/// and if a lane won with no second known (c1 == c2), the warp rescans for each lane's best two
+/// below `best` (the winners so far are exactly the keys >= best). Every packed-key kernel calls it.
 template <int N>
 __device__ __forceinline__ void advance_after_round(const unsigned (&packed)[N], unsigned best, unsigned& c1,
                                                     unsigned& c2) {
@@ -139,17 +139,17 @@ __device__ __forceinline__ void advance_after_round(const unsigned (&packed)[N],
   }
 }
 
-// The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
-// untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
-// r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
-// kWinnersInShared (L = 32 only; step 2): every round
-// stores its winner to shared memory (one store, on the memory pipe) instead of each lane testing
-// "is this my slot?" (a compare and a select on the ALU pipe, which bounds the kernel); after the
-// rounds each lane reads its slot and the next one. Each lane stores into its own column
-// (`column[r * 32]`, round r; the warp's 32 columns side by side, so a round's 32 stores hit 32
-// banks) and reads back only its own stores: no lane reads what another wrote, so there is nothing
-// to order and no barrier. A single row that every lane stores (the same value) and reads needs
-// one: a __syncwarp (it cost the gain) or relaxed atomics (compute-sanitizer still reports them).
+/// The k rounds on packed keys, plus one to learn the (k+1)-th. Each lane keeps its best two
+/// untaken keys (c1, c2); c1 == c2 marks "no second known". Round r's winner goes to segment lane
+/// r % L, slot r / L. Returns true when two consecutive winners share a prefix (see above).
+/// kWinnersInShared (L = 32 only; step 2): every round
+/// stores its winner to shared memory (one store, on the memory pipe) instead of each lane testing
+/// "is this my slot?" (a compare and a select on the ALU pipe, which bounds the kernel); after the
+/// rounds each lane reads its slot and the next one. Each lane stores into its own column
+/// (`column[r * 32]`, round r; the warp's 32 columns side by side, so a round's 32 stores hit 32
+/// banks) and reads back only its own stores: no lane reads what another wrote, so there is nothing
+/// to order and no barrier. A single row that every lane stores (the same value) and reads needs
+/// one: a __syncwarp (it costs the gain) or relaxed atomics (compute-sanitizer reports them).
 template <int L, int N, int kIdBits, int kSlots, bool kWinnersInShared = false>
 __device__ __forceinline__ bool select_top_k_packed(const unsigned (&packed)[N], int seg_lane, int k,
                                                     unsigned (&slot)[kSlots], unsigned* column = nullptr) {
