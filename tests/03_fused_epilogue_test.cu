@@ -374,8 +374,8 @@ TEST_F(FusedEpilogueGpu, SmallDeepRegisterEpilogueEveryOption) {
   }
 }
 
-// The goal shapes, sampled reference (the full fp64 product of 16·4096·7168 is cheap enough).
-TEST_F(FusedEpilogueGpu, MemoryBoundGoalShape) {
+// The benchmark's memory-bound shape on both paths (its full fp64 reference is cheap enough).
+TEST_F(FusedEpilogueGpu, MemoryBoundBenchmarkShape) {
   if (kc::test::small_tests_only()) GTEST_SKIP() << "KC_SMALL_TESTS is set: large shape";
   const Problem p = random_problem({16, 4096, 7168}, kc::test::test_seed());
   check_linear(p, true, Activation::gelu_tanh, true, Path::fused);
