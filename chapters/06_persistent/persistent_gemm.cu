@@ -12,9 +12,9 @@
 //     tile's copies overwrite the shared memory the last one read).
 //        static:   tiles blockIdx.x, + gridDim.x, ...                       (schedule.hpp)
 //        dynamic:  tile blockIdx.x, then one atomicAdd per tile on a counter
-//        stream_k: whole tiles round-robin, then this block's range of the last wave's k-slices;
-//                  a split tile's partners store fp32 partials, its owner adds them in a fixed
-//                  order and stores C (stream_k_unit, below).
+//        stream_k: whole tiles round-robin, then ranges of the last wave's k-slices claimed
+//                  from a counter; a split tile's partners store fp32 partials, its owner adds
+//                  them in a fixed order and stores C (stream_k_unit, below).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 #include <string>
@@ -39,20 +39,6 @@ using ch05::kBlockM;
 using ch05::kBlockN;
 
 constexpr int kTileFloats = kBlockM * kBlockN;  // one fp32 partial tile
-
-// Points of a block's work where thread 0 may write %globaltimer (Problem::stamps, a measurement
-// the public launch never asks for: it passes null), as offsets into the block's kPhaseStamps entries.
-enum PhaseStamp : int {
-  kStampStart = 0,       // the block starts
-  kStampWholeDone = 1,   // its whole tiles are done
-  kStampClaimed = 2,     // it holds a claimed tail unit
-  kStampArrived = 3,     // a partner's unit: warp 0's part of its partial is stored and counted
-  kStampFixUpDone = 4,   // an owner's unit: the partners' partials are added and C is stored
-  kStampEnd = 5,         // the block is done
-  kStampFirstSlice = 6,  // the unit's first slice has landed
-  kStampTicket = 9,      // not a time: the plan block (ticket) of the last range it claimed
-  kPhaseStamps = 10,     // entries per block
-};
 
 // Where the parts of the workspace are. The sizes are the host's (workspace_counter_bytes,
 // workspace_prefix_row_bytes), the same ones persistent_workspace_bytes adds up and the CPU tests check.
@@ -84,17 +70,7 @@ struct Problem {
   float* partials;
   int experts, m_total, n, k, tiles_n, group_m, max_tail_percent;
   bool paired;
-  bool claim_tail;        // stream_k, split_k_tail: tail ranges claimed from counters[0] (always, from the host)
-  std::uint64_t* stamps;  // per-block phase stamps (a measurement); null from the public launch
 };
-
-// Thread 0 records point @p point of this block's work when the launch asked for stamps.
-__device__ __forceinline__ void stamp(const Problem& p, int point) {
-  if (p.stamps == nullptr || threadIdx.x != 0) return;
-  std::uint64_t now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + point] = now;
-}
 
 // This block's copy of the m-tile prefix (its row of the workspace).
 __device__ __forceinline__ std::int32_t* prefix_of_block(const Problem& p) {
@@ -154,8 +130,8 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile) {
 }
 
 // One contributor's unit of a split tile. @p block is the plan's block the unit belongs to (its
-// partial slot and its place among the tile's contributors): blockIdx.x, or with claimed tail units
-// whichever plan block the claimed ticket names.
+// partial slot and its place among the tile's contributors): the plan block whose range this block
+// claimed, not blockIdx.x.
 //
 // The tile's last contributor (highest k) owns it: its own part stays in registers, it waits for the
 // others' partials, adds them in contributor order and stores C. Every other contributor stores its
@@ -168,25 +144,20 @@ __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const W
   const TilePlace t = place_of(p, unit.tile);
   const int sk_tile = unit.tile - plan.dp_tiles;
   int* arrivals = p.counters + 1 + static_cast<std::int64_t>(sk_tile) * kArrivalsPerTile;
-  std::uint64_t* piece_stamps =
-      p.stamps == nullptr ? nullptr : p.stamps + static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampFirstSlice;
   if (owns(plan, block, unit)) {
     const int first = first_contributor(plan, sk_tile), last = last_contributor(plan, sk_tile);
     const AddPartials owner{p.partials + static_cast<std::int64_t>(partial_slot(first)) * kTileFloats,
-                            static_cast<std::int64_t>(kTileFloats), last - first, arrivals, piece_stamps};
+                            static_cast<std::int64_t>(kTileFloats), last - first, arrivals};
     ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
                                               p.paired, owner, unit.k_begin, unit.k_end);
     // Every partner's warp w has counted itself in, and lane 0 of this warp w has seen it: no one
     // touches counter w again in this launch, so it goes back to zero for the next one.
     if (threadIdx.x % 32 == 0) arrivals[threadIdx.x / 32] = 0;
-    stamp(p, kStampFixUpDone);
     return;
   }
   float* mine = p.partials + static_cast<std::int64_t>(partial_slot(block)) * kTileFloats;
   ch02::block::gemm_bf16_block_k_range<Cfg>(p.a, t.w_expert, p.c, p.n, p.k, t.row0, t.col0, t.rows_left, t.cols_left,
-                                            p.paired, Fp32Partial{mine, arrivals, piece_stamps}, unit.k_begin,
-                                            unit.k_end);
-  stamp(p, kStampArrived);  // thread 0: its warp's part is stored and counted
+                                            p.paired, Fp32Partial{mine, arrivals}, unit.k_begin, unit.k_end);
 }
 
 // Plan block @p plan_block's units from @p first_unit on: whole tiles directly, split parts through
@@ -239,39 +210,27 @@ __global__ void __launch_bounds__(Cfg::threads) persistent_kernel(const Problem 
     const StreamKPlan plan = kScheduler == Scheduler::stream_k
                                  ? stream_k_plan(tiles, k_tiles, grid, p.max_tail_percent)
                                  : split_k_tail_plan(tiles, k_tiles, grid, p.max_tail_percent);
-    if (p.claim_tail) {
-      // Tail claimed: this block's whole tiles, then the tail's ranges in ticket order: ticket r
-      // names plan block r's range (its one split-K unit, or its one or two Stream-K units), so the
-      // blocks whose whole tiles finish first take the tail, and the slowest, when there are fewer
-      // ranges than blocks, take none. The units, partials and sums are those of the plan.
-      stamp(p, kStampStart);
-      const int whole = static_tile_count(plan.dp_tiles, grid, block);
-      for (int u = 0; u < whole; ++u) {
-        whole_tile<Cfg>(p, static_tile(grid, block, u));
-        __syncthreads();
-      }
-      stamp(p, kStampWholeDone);
-      __shared__ int claimed;
-      while (true) {
-        if (threadIdx.x == 0) {
-          claimed = atomicAdd(&p.counters[0], 1);
-          if (claimed == claimed_tail_tickets(plan) - 1) atomicExch(&p.counters[0], 0);  // the launch's last ticket
-        }
-        __syncthreads();
-        const int plan_block = claimed;
-        __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
-        if (plan_block >= plan.sk_blocks) break;
-        stamp(p, kStampClaimed);
-        if (p.stamps != nullptr && threadIdx.x == 0) {
-          p.stamps[static_cast<std::size_t>(blockIdx.x) * kPhaseStamps + kStampTicket] =
-              static_cast<std::uint64_t>(plan_block);
-        }
-        run_units<Cfg>(p, plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block));
-      }
-      stamp(p, kStampEnd);
-      return;
+    // This block's whole tiles, then the tail's ranges in ticket order: ticket r names plan block
+    // r's range (its one split-K unit, or its one or two Stream-K units), so the blocks whose whole
+    // tiles finish first take the tail, and the slowest, when there are fewer ranges than blocks,
+    // take none. The units, partials and sums are those of the plan.
+    const int whole = static_tile_count(plan.dp_tiles, grid, block);
+    for (int u = 0; u < whole; ++u) {
+      whole_tile<Cfg>(p, static_tile(grid, block, u));
+      __syncthreads();
     }
-    run_units<Cfg>(p, plan, block, 0);
+    __shared__ int claimed;
+    while (true) {
+      if (threadIdx.x == 0) {
+        claimed = atomicAdd(&p.counters[0], 1);
+        if (claimed == claimed_tail_tickets(plan) - 1) atomicExch(&p.counters[0], 0);  // the launch's last ticket
+      }
+      __syncthreads();
+      const int plan_block = claimed;
+      __syncthreads();  // every thread has read `claimed` before thread 0 writes the next one
+      if (plan_block >= plan.sk_blocks) break;
+      run_units<Cfg>(p, plan, plan_block, static_tile_count(plan.dp_tiles, grid, plan_block));
+    }
   }
 }
 
@@ -384,12 +343,12 @@ void grouped_gemm_persistent(const GroupedGemmShape& shape, const __nv_bfloat16*
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
   const DeviceLimits limits = current_device_limits();
   const WorkspaceLayout layout = layout_of(workspace, shape.experts, grid);
-  const Problem p{
-      a, w, c, offsets, layout.counters, layout.prefixes, layout.prefix_stride, layout.partials, shape.experts,
-      static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
-      ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m, options.stream_k_max_tail_percent,
-      // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
-      shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0, /*claim_tail=*/true, /*stamps=*/nullptr};
+  const Problem p{a, w, c, offsets, layout.counters, layout.prefixes, layout.prefix_stride, layout.partials,
+                  shape.experts, static_cast<int>(shape.m_total), static_cast<int>(shape.n), static_cast<int>(shape.k),
+                  ch05::ceil_div_int(static_cast<int>(shape.n), kBlockN), options.group_m,
+                  options.stream_k_max_tail_percent,
+                  // bf16x2 stores need 4-byte aligned pairs: N even and c itself 4-byte aligned.
+                  shape.n % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0};
   if (limits.medium4) {
     launch_persistent<MediumTile4>(options.scheduler, grid, p, stream);
   } else {

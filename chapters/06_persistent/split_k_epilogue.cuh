@@ -28,15 +28,6 @@ __device__ __forceinline__ int fragment_index(int mt, int nt) {
   return (mt * (Cfg::warp_n / 8) + nt) * Cfg::threads + static_cast<int>(threadIdx.x);
 }
 
-/// Thread 0 writes %globaltimer to @p stamps[@p i] when @p stamps is not null (the phase stamps of
-/// PersistentOptions, a measurement).
-__device__ __forceinline__ void stamp_globaltimer(std::uint64_t* stamps, int i) {
-  if (stamps == nullptr || threadIdx.x != 0) return;
-  std::uint64_t now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  stamps[i] = now;
-}
-
 /// A split tile, a contributor's part: the block's fp32 accumulators of a K range, stored
 /// unrounded in the block's own register order ("fragment order": thread t's accumulators of m16
 /// tile mt and n8 tile nt are the float4 at index (mt · n8 tiles per warp + nt) · threads + t), rows
@@ -49,18 +40,11 @@ struct Fp32Partial {
   /// to arrivals[w]. Thread t of the owner reads only what thread t stored, so the owner's warp w
   /// needs nothing but warp w's counter: no block-wide barrier on either side.
   int* arrivals = nullptr;
-  /// A measurement (the phase stamps of PersistentOptions), or null: thread 0 writes %globaltimer
-  /// to [1] once the main loop is done (before the partial store); [0] is left as it is.
-  std::uint64_t* stamps = nullptr;
-
-  /// Records point @p i when stamps were asked for.
-  __device__ void stamp(int i) const { stamp_globaltimer(stamps, i); }
 
   /// Stores the block's accumulators as the partial, fragment order, and publishes each warp's part
   /// (the epilogue hook of gemm_bf16_mainloop.cuh).
   template <class Cfg, class Acc>
   __device__ void store(const Acc& acc, const BlockTile&, unsigned char*) const {
-    stamp(1);
     float4* out = reinterpret_cast<float4*>(partial);
 #pragma unroll
     for (int mt = 0; mt < Cfg::warp_m / 16; ++mt) {
@@ -93,11 +77,6 @@ struct AddPartials {
   std::int64_t partial_stride;  ///< floats from one partner's partial to the next
   int partners;                 ///< how many (1 or more)
   const int* arrivals;          ///< the partners' per-warp counters (Fp32Partial::arrivals)
-  /// A measurement, or null: [1] main loop done, [2] warp 0's partners in; [0] is left as it is.
-  std::uint64_t* stamps = nullptr;
-
-  /// Records point @p i when stamps were asked for.
-  __device__ void stamp(int i) const { stamp_globaltimer(stamps, i); }
 
   /// Every thread of warp w returns once all partners' warp-w parts are visible to it. Lane 0 polls
   /// with acquire loads (paired with the partners' fence-then-atomic); the warp barrier passes that
@@ -124,7 +103,6 @@ struct AddPartials {
     constexpr int kNTiles = Cfg::warp_n / 8;
     const int tid = static_cast<int>(threadIdx.x);
     const std::uint32_t smem_base = shared_address(smem);
-    stamp(1);
     // The partners' partials come in through the pipeline's buffers, free now: with cp.async, as
     // many partials at once as the buffers hold (two for the 128 × 128 tile), so a tile with two
     // partners pays one L2 round trip, not two, and the copies hold no registers. Each thread
@@ -136,7 +114,6 @@ struct AddPartials {
     static_assert(kPerBatch >= 1, "one fp32 partial fits the pipeline's buffers");
     __syncthreads();  // every warp is done reading the last slice's buffer
     wait_for_partners();
-    stamp(2);
     for (int j0 = 0; j0 < partners; j0 += kPerBatch) {
       const int count = partners - j0 < kPerBatch ? partners - j0 : kPerBatch;
       for (int j = 0; j < count; ++j) {

@@ -9,7 +9,7 @@
 /// static round-robin and dynamic (atomic ticket) persistent schedules, and the Stream-K plan that
 /// splits the last waves' tiles along K. The kernels call exactly these functions and the CPU tests
 /// check them: every tile done exactly once, every split tile's K slices exactly once and in whole
-/// 64-wide slices, for any tile count, grid and K. Later chapters reuse them.
+/// 64-wide slices, for any tile count, grid and K.
 ///
 /// Vocabulary. A *tile* is one 128 × 128 block tile of C (Chapter 5's linear tile ids, in the
 /// grouped order). *Slots* are the blocks that can run at once: SMs × blocks per SM. A *wave* is one
@@ -44,9 +44,9 @@
 /// tile long, so it holds at most two split units, and it runs them in decreasing tile order: first
 /// its part of the later tile (a partner part: that tile's first slices), then its part of the
 /// earlier one (that tile's last slices: the owner part). So a partner part never waits, and an owner
-/// waits only for partner parts of lower blocks: with the tail claimed, ranges taken before its own
-/// by blocks already running, so no wait can deadlock even with blocks not all resident; unclaimed,
-/// lower block ids, which the GPU dispatches first in practice (CUDA does not promise the order).
+/// waits only for partner parts of lower plan blocks. The kernel claims the tail's ranges in ticket
+/// order, so those are ranges taken before its own by blocks already running: no wait can deadlock,
+/// even with blocks not all resident.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -232,9 +232,8 @@ inline constexpr int kArrivalsPerTile = 8;
 __host__ __device__ constexpr int arrival_counters(int grid) { return 2 * grid * kArrivalsPerTile; }
 
 /// Tickets a claimed tail draws in one launch (the blocks claim the tail's ranges as they finish
-/// their whole tiles): one per tail range
-/// (ticket r names plan block r's range), plus one per block that finds none left and stops. The
-/// thread that draws the last one sets the counter back to zero.
+/// their whole tiles): one per tail range (ticket r names plan block r's range), plus one per block
+/// that finds none left and stops. The thread that draws the last one sets the counter back to zero.
 __host__ __device__ constexpr int claimed_tail_tickets(const StreamKPlan& p) { return p.sk_blocks + p.grid; }
 
 /// The largest grid a workspace is laid out for. Its counters (the ticket counter, then the arrival
