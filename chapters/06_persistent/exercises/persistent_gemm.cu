@@ -143,7 +143,7 @@ __device__ __forceinline__ void whole_tile(const Problem& p, int tile) {
 // others' partials, adds them in contributor order and stores C. Every other contributor stores its
 // part as an fp32 partial in its slot, and each of its warps counts itself on the tile's counter for
 // that warp once its part is stored. No wait forms a cycle: a partner part never waits, and an owner
-// waits only for the partner parts of lower blocks (schedule.hpp says why, and when that matters).
+// waits only for the partner parts of lower plan blocks, claimed before its own (schedule.hpp says why).
 template <class Cfg>
 __device__ void stream_k_unit(const Problem& p, const StreamKPlan& plan, const WorkUnit& unit, int block) {
   static_assert(Cfg::threads / 32 == kArrivalsPerTile, "one arrival counter per warp of the block tile");
