@@ -284,6 +284,9 @@ class Env:
     # The raw names of the kernels one call of a launch function starts, in order (profile_kernels on
     # the GPU); set only by the --kernels pass, None when timing.
     kernel_names: Optional[Callable[[Callable[[], Any]], List[str]]] = None
+    # The folder of the C++ benchmarks' chNN_bench.json (--out): a baseline may read what they record
+    # there (Chapter 8's group sizes). None: nothing to read.
+    bench_dir: Optional[str] = None
 
 
 # About 100 µs of GPU clock cycles at the H200's ~2 GHz: torch.cuda._sleep spins for a cycle count.
@@ -825,9 +828,89 @@ def ch07_hopper_gemm(env: Env) -> List[CaseResult]:
     return results
 
 
-def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any]) -> List[CaseResult]:
+# Chapter 8's cases (bench/08_hopper_grouped_gemm_bench.cu): Chapter 5's, plus DeepSeek-V3 down on 256
+# experts and Qwen3-30B-A3B's gate and up (128 experts, N = 2 x 768, K = 2048).
+CH08_CASES = CH05_CASES + [("G256xM128_N7168_K2048", "uniform", 256, 256 * 128, 7168, 2048),
+                           ("G128xM256_N1536_K2048", "uniform", 128, 128 * 256, 1536, 2048)]
+
+# The JSON context key under which a C++ benchmark records a case's group sizes: "group_sizes/<case>".
+GROUP_SIZES_KEY = "group_sizes/"
+
+
+def encode_group_sizes(sizes: Sequence[int]) -> str:
+    """Group sizes as bench/08_hopper_grouped_gemm_bench.cu writes them into its JSON context: comma-
+    separated, a run of equal sizes as "size*count" ("128*256" for 256 experts of 128 rows)."""
+    tokens: List[str] = []
+    i = 0
+    while i < len(sizes):
+        end = i
+        while end < len(sizes) and sizes[end] == sizes[i]:
+            end += 1
+        tokens.append("%d" % sizes[i] if end - i == 1 else "%d*%d" % (sizes[i], end - i))
+        i = end
+    return ",".join(tokens)
+
+
+def decode_group_sizes(text: str) -> List[int]:
+    """The group sizes that ``encode_group_sizes`` wrote. Raises ValueError for anything else (an
+    empty token, a negative size, a count below 1)."""
+    sizes: List[int] = []
+    for token in text.split(","):
+        size_text, star, count_text = token.strip().partition("*")
+        size, count = int(size_text), int(count_text) if star else 1
+        if size < 0 or count < 1:
+            raise ValueError("bad group sizes token %r in %r" % (token, text))
+        sizes.extend([size] * count)
+    return sizes
+
+
+def bench_group_sizes(path: str) -> Dict[str, List[int]]:
+    """The group sizes a C++ benchmark recorded in the context of its JSON at ``path``: case label ->
+    sizes. Empty when the file does not exist (no C++ run before this one)."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        context = json.load(f).get("context") or {}
+    return {key[len(GROUP_SIZES_KEY):]: decode_group_sizes(value) for key, value in context.items()
+            if key.startswith(GROUP_SIZES_KEY) and isinstance(value, str)}
+
+
+def grouped_case_sizes(cases: Sequence[Any], recorded: Dict[str, List[int]],
+                       log: Callable[[str], None] = print) -> Dict[str, List[int]]:
+    """Each case's group sizes: those the C++ benchmark recorded (``recorded``, from
+    bench_group_sizes), else ch05_group_sizes's, which repeat kc::ch05::group_sizes. A recorded size
+    list that differs from the computed one is used, with a log line saying so."""
+    out = {}
+    for label, kind, experts, rows, _, _ in cases:
+        computed = ch05_group_sizes(kind, experts, rows)
+        sizes = recorded.get(label)
+        if sizes is not None and sizes != computed:
+            log("%s: the C++ benchmark's group sizes (%d experts, %d rows) differ from %s over %d rows; "
+                "timing the benchmark's" % (label, len(sizes), sum(sizes), kind, rows))
+        out[label] = computed if sizes is None else sizes
+    return out
+
+
+@baseline("ch08")
+def ch08_hopper_grouped_gemm(env: Env) -> List[CaseResult]:
+    """Chapter 5's ``torch._grouped_mm`` baseline on Chapter 8's cases, with the group sizes that
+    ``ch08_bench.json`` in ``env.bench_dir`` recorded where it exists."""
+    recorded: Dict[str, List[int]] = {}
+    if env.bench_dir:
+        path = os.path.join(env.bench_dir, "ch08_bench.json")
+        try:
+            recorded = bench_group_sizes(path)
+        except (OSError, ValueError) as e:  # e.g. the file of a benchmark run that stopped half-way
+            env.log("ch08: cannot read the group sizes in %s (%s)" % (path, e))
+    env.log("ch08: group sizes %s" % ("from ch08_bench.json" if recorded else "computed as kc::ch05::group_sizes"))
+    return _grouped_mm_baseline(env, "ch08", CH08_CASES, grouped_case_sizes(CH08_CASES, recorded, env.log))
+
+
+def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any],
+                         sizes_of: Optional[Dict[str, List[int]]] = None) -> List[CaseResult]:
     """Times ``torch._grouped_mm`` on ``cases`` ((label, kind, experts, rows, N, K) tuples) as
-    ``chapter``'s pytorch variant; see ch05_grouped_gemm."""
+    ``chapter``'s pytorch variant, with the group sizes ``sizes_of[label]`` (default
+    ch05_group_sizes(kind, experts, rows)); see ch05_grouped_gemm."""
     torch = env.torch
     if not hasattr(torch, "_grouped_mm"):
         env.log("%s: torch %s has no torch._grouped_mm; skipped" % (chapter, torch.__version__))
@@ -836,7 +919,8 @@ def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any]) -> List[C
     generator.manual_seed(env.seed)
     results = []
     for label, kind, experts, rows, n, k in cases:
-        sizes = ch05_group_sizes(kind, experts, rows)
+        sizes = sizes_of[label] if sizes_of and label in sizes_of else ch05_group_sizes(kind, experts, rows)
+        experts, rows = len(sizes), sum(sizes)
         free, _ = torch.cuda.mem_get_info()
         need = 2.0 * (experts * n * k + rows * (n + k))
         if need > 0.8 * free:
@@ -930,7 +1014,7 @@ def list_kernels(chapters: Sequence[str], out_dir: str, log: Callable[[str], Non
     # The baselines log a "median ... per launch" line per case; here it is one untimed batch, so say so.
     env = Env(torch=torch, device=torch.device("cuda", 0), l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
               repetitions=1, warmup=0, min_time_s=0.0, log=lambda line: log(KERNELS_PASS_LOG_PREFIX + line),
-              kernel_names=lambda launch: profile_kernels(torch, launch, log))
+              kernel_names=lambda launch: profile_kernels(torch, launch, log), bench_dir=out_dir)
     updated = []
     for chapter_id in chapters:
         path = os.path.join(out_dir, "%s_pytorch.json" % chapter_id)
@@ -975,7 +1059,8 @@ def run(chapters: Sequence[str], out_dir: str, repetitions: int, log: Callable[[
     props = torch.cuda.get_device_properties(0)
     l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0)
     # No kernel_names here: the profiler runs only in the --kernels pass, never where the timing is.
-    env = Env(torch=torch, device=torch.device("cuda", 0), l2_bytes=l2_bytes, repetitions=repetitions, log=log)
+    env = Env(torch=torch, device=torch.device("cuda", 0), l2_bytes=l2_bytes, repetitions=repetitions, log=log,
+              bench_dir=out_dir)
     context = base_context("pytorch %s" % torch.__version__, {
         "gpu": props.name,
         "gpu_arch": "sm_%d%d" % (props.major, props.minor),

@@ -83,9 +83,10 @@ inline constexpr int kBlockM = 128;
 inline constexpr int kBlockN = 128;
 
 /// Checks the rules at the top of this file; throws kc::InvalidArgument naming the first broken
-/// one, e.g. "shape.experts (0) must be in [1, 1024]". Host-only.
+/// one, e.g. "shape.experts (0) must be in [1, 1024]". Host-only. @p c_columns is C's width for the
+/// overlap checks when it is not N (an epilogue that narrows C); 0 means N.
 void validate_grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                           const __nv_bfloat16* c, const std::int32_t* offsets);
+                           const __nv_bfloat16* c, const std::int32_t* offsets, std::int64_t c_columns = 0);
 
 /// Checks what grouped_gemm() needs beyond validate_grouped_gemm(): options.order a TileOrder,
 /// options.group_m >= 1, options.tile a GroupedTile, and a workspace of at least

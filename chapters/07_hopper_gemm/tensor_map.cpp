@@ -3,7 +3,6 @@
 // so a bad map is reported in the course's words before the driver answers CUDA_ERROR_INVALID_VALUE.
 #include "tensor_map.hpp"
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -66,12 +65,9 @@ void validate_tensor_map(const TensorMapSpec& spec, const std::string& name) {
   }
 }
 
-namespace {
-
 using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
 
-// The driver's cuTensorMapEncodeTiled, found once through the runtime (no -lcuda). Version 12000
-// asks for the 12.0 ABI of the function, the one PFN_cuTensorMapEncodeTiled_v12000 describes.
+// Found once through the runtime (no -lcuda). Version 12000 asks for the 12.0 ABI of the function.
 EncodeTiled driver_encode_tiled() {
   static const EncodeTiled encode = [] {
     void* fn = nullptr;
@@ -84,6 +80,8 @@ EncodeTiled driver_encode_tiled() {
   }();
   return encode;
 }
+
+namespace {
 
 CUtensorMapSwizzle to_driver(TensorMapSwizzle swizzle) {
   switch (swizzle) {

@@ -12,7 +12,8 @@
 /// Elements of a box outside the matrix (the edges in M, N and K) arrive as zeros.
 #pragma once
 
-#include <cuda.h>  // CUtensorMap and its enums: types only, no libcuda symbol is used
+#include <cuda.h>          // CUtensorMap and its enums: types only, no libcuda symbol is used
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 #include <cuda_bf16.h>
 
 #include <array>
@@ -66,6 +67,11 @@ TensorMapSpec bf16_row_major_map(const __nv_bfloat16* base, std::int64_t rows, s
 /// the map (@p name, e.g. "a") and the rule, e.g. "a's tensor map: row_stride_bytes (2002) must be a
 /// multiple of 16". Host-only.
 void validate_tensor_map(const TensorMapSpec& spec, const std::string& name);
+
+/// The driver's cuTensorMapEncodeTiled, asked of the runtime once (cudaGetDriverEntryPointByVersion,
+/// version 12.0: the ABI PFN_cuTensorMapEncodeTiled_v12000 describes) and reused. Throws kc::CudaError
+/// when the runtime has no driver to ask, std::runtime_error when the driver lacks the function.
+PFN_cuTensorMapEncodeTiled_v12000 driver_encode_tiled();
 
 /// Encodes @p spec with the driver's cuTensorMapEncodeTiled (validating it first, see
 /// validate_tensor_map). Host-only and capture-safe: it talks to no GPU and no stream. The first call

@@ -273,6 +273,77 @@ class Ch06HelpersTest(unittest.TestCase):
         self.assertIn("ch06", pb.BASELINES)
 
 
+class Ch08HelpersTest(unittest.TestCase):
+    # bench/08_hopper_grouped_gemm_bench.cu's cases.
+    CPP_LABELS = ["G8xM4096_N4096_K7168", "G32xM256_N4096_K7168", "G256xM128_N4096_K7168", "G8xM4096_N7168_K2048",
+                  "G256xM128_N7168_K2048", "G8xM4096_N28672_K4096", "G128xM256_N1536_K2048",
+                  "E256_M8192_zipf_N4096_K7168", "E256_M8192_hot_N4096_K7168", "E256_M8192_empty25_N4096_K7168"]
+
+    def test_cases_match_the_cpp_benchmark(self):
+        labels = [c[0] for c in pb.CH08_CASES]
+        self.assertEqual(sorted(labels), sorted(self.CPP_LABELS))
+        for a in labels:
+            for b in labels:
+                self.assertTrue(a == b or not b.startswith(a), "%s is a prefix of %s" % (a, b))
+        for label, kind, experts, rows, n, k in pb.CH08_CASES:
+            # The label says the shape: G{E}xM{rows per expert}_N_K or E{E}_M{rows}_{kind}_N_K.
+            self.assertTrue(label.endswith("_N%d_K%d" % (n, k)), label)
+            prefix = "G%dxM%d_" % (experts, rows // experts) if kind == "uniform" else "E%d_M%d_" % (experts, rows)
+            self.assertTrue(label.startswith(prefix), label)
+        self.assertIn("ch08", pb.BASELINES)
+
+    def test_group_sizes_encoding(self):
+        self.assertEqual(pb.encode_group_sizes(pb.ch05_group_sizes("uniform", 256, 256 * 128)), "128*256")
+        holes = pb.encode_group_sizes(pb.ch05_group_sizes("quarter_empty", 256, 8192))
+        self.assertTrue(holes.startswith("0,43*3,0,43*3,"), holes)
+        self.assertEqual(pb.encode_group_sizes([5, 7, 7, 0]), "5,7*2,0")
+        self.assertEqual(pb.encode_group_sizes([]), "")
+        for label, kind, experts, rows, _, _ in pb.CH08_CASES:
+            sizes = pb.ch05_group_sizes(kind, experts, rows)
+            self.assertEqual(pb.decode_group_sizes(pb.encode_group_sizes(sizes)), sizes, label)
+        for bad in ("", "1,,2", "3*0", "-1", "4*", "x*2"):
+            with self.assertRaises(ValueError, msg=bad):
+                pb.decode_group_sizes(bad)
+
+    def test_sizes_come_from_the_benchmark_json_where_it_recorded_them(self):
+        hot = pb.ch05_group_sizes("one_hot", 256, 8192)
+        context = {"gpu": "G", "group_sizes/E256_M8192_hot_N4096_K7168": pb.encode_group_sizes(hot),
+                   "group_sizes/G8xM4096_N4096_K7168": "4000*8"}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ch08_bench.json")
+            self.assertEqual(pb.bench_group_sizes(path), {})  # no C++ run: nothing recorded
+            with open(path, "w") as f:
+                json.dump({"context": context, "benchmarks": []}, f)
+            recorded = pb.bench_group_sizes(path)
+        self.assertEqual(recorded, {"E256_M8192_hot_N4096_K7168": hot, "G8xM4096_N4096_K7168": [4000] * 8})
+        lines = []
+        sizes = pb.grouped_case_sizes(pb.CH08_CASES, recorded, lines.append)
+        self.assertEqual(sizes["E256_M8192_hot_N4096_K7168"], hot)
+        self.assertEqual(sizes["G8xM4096_N4096_K7168"], [4000] * 8)  # the benchmark's, with a word on it
+        self.assertEqual(sizes["G128xM256_N1536_K2048"], [256] * 128)  # not recorded: computed
+        self.assertEqual(len(lines), 1)
+        self.assertIn("G8xM4096_N4096_K7168: the C++ benchmark's group sizes", lines[0])
+
+    def test_the_baseline_reads_the_benchmark_json_next_to_its_output(self):
+        class NoGroupedMm:  # a torch without _grouped_mm: the baseline logs and times nothing
+            __version__ = "0.0-fake"
+
+        recorded = json.dumps({"context": {"group_sizes/G8xM4096_N4096_K7168": "4096*8"}})
+        for content, expected in ((None, "computed as kc::ch05::group_sizes"),
+                                  (recorded, "from ch08_bench.json"),
+                                  ('{"context": {', "cannot read the group sizes")):  # a run that stopped
+            with tempfile.TemporaryDirectory() as tmp:
+                if content is not None:
+                    with open(os.path.join(tmp, "ch08_bench.json"), "w") as f:
+                        f.write(content)
+                lines = []
+                env = pb.Env(torch=NoGroupedMm, device=None, l2_bytes=0, repetitions=1, log=lines.append,
+                             bench_dir=tmp)
+                self.assertEqual(pb.BASELINES["ch08"](env), [])
+                self.assertTrue(any(expected in line for line in lines), lines)
+                self.assertIn("ch08: torch 0.0-fake has no torch._grouped_mm; skipped", lines)
+
+
 class _FakeEvent:
     """A CUDA event of the fake torch below: elapsed_time gives the fake GPU's time between two
     records, in milliseconds, as torch.cuda.Event does."""

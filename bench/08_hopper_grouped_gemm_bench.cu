@@ -1,0 +1,254 @@
+// Chapter 8 benchmark: the grouped GEMM of an MoE layer's experts on Hopper, C = A · W[e]ᵀ per expert,
+// bf16 in and out, fp32 accumulation, in Chapter 5's layout (A [M_total, K], W [E, N, K], offsets on the
+// device), against Chapter 5's one launch, cuBLAS and the case's roofline.
+//
+// Cases (labels as Chapter 5's: G{E}xM{rows per expert}_N_K uniform, E{E}_M{total}_{distribution}_N_K
+// skewed, the same group sizes as Chapter 5's):
+//   DeepSeek-V3 up (N = 4096, K = 7168): G8xM4096, G32xM256, G256xM128 uniform; 256 experts over 8192
+//   rows Zipf-skewed, one hot expert (half the rows), 25 % empty experts.
+//   DeepSeek-V3 down (N = 7168, K = 2048): G8xM4096 and G256xM128.
+//   Mixtral up (N = 28672, K = 4096): G8xM4096.
+//   Qwen3-30B-A3B gate and up (N = 1536 = 2 × 768, K = 2048), small experts: G128xM256.
+// Variants: before (Chapter 7's GEMM launched once per non-empty expert, grouped_gemm_hopper_loop),
+// step0_ch05_one_launch (Chapter 5's `after`: one launch, grouped order, 128 × 256 mma.sync tile),
+// step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map (grouped_gemm_hopper_step),
+// after (grouped_gemm_hopper), vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped
+// (cublasGemmGroupedBatchedEx), limit (the case's roofline, measured in the same run: each iteration
+// times a device-to-device copy of S = min(fewest bytes / 2, 1 GiB) bytes, taking t_copy, and cuBLAS's
+// GemmEx on one dense matrix of all the experts' rows, rows × N × K, taking t_gemm; the iteration's time
+// is the longer of fewest bytes / (2 S / t_copy) and t_gemm). pytorch (torch._grouped_mm) comes from
+// tools/pytorch_baselines.py.
+//
+// The loop and cuBLAS variants need the group sizes on the host: the benchmark copies the device
+// offsets to the host once, outside the timed region (a framework pays that copy and a synchronisation
+// on every layer; here it is free, which flatters the loops). Each case's group sizes go into the JSON
+// context as "group_sizes/<case>": comma-separated sizes, "size*count" for a run of equal ones; the
+// PyTorch baseline reads them from there.
+//
+// Counters: every variant, limit included, counts the same FLOPs (2 · rows · N · K) and the same fewest
+// bytes (A, the weights of non-empty experts and C once each), so "× limit" is the roofline's time over
+// the variant's. limit adds copy_floor_us and gemm_floor_us (its two times; the longer one is the
+// limit). Every case's weights alone exceed 2 × the 60 MB L2 (805 MB to 15 GB), so one input set is
+// enough; limit's copy (S is at least 500 MB) evicts the L2 before each of its GEMMs. Launches take
+// milliseconds: one launch per event pair.
+//
+// Hopper only: on another GPU, or in a build without sm_90a kernels, the program registers nothing and
+// says why (as Chapter 7's).
+//
+// Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 90 benchmarks
+// × (5 repetitions × ~0.3 s (MinTime 0.2 s of launches of 0.3-25 ms) + ~7 set-ups × ~0.07 s (Google
+// Benchmark sizes the first repetition in 2-3 runs; each run allocates and fills up to 16 GB)) ≈ 180 s.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "05_grouped_gemm_inputs.hpp"
+#include "grouped_gemm.hpp"
+#include "hopper_gemm.hpp"
+#include "hopper_grouped_gemm.hpp"
+#include "kc/bench.hpp"
+#include "kc/check.hpp"
+#include "kc/device_buffer.hpp"
+#include "kc/random.hpp"
+#include "kc/timer.hpp"
+#include "vendor_cublas.hpp"
+#include "vendor_grouped.hpp"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using kc::ch05::GroupedCase;
+using kc::ch05::GroupedGemmShape;
+using kc::ch08::GroupedStep;
+
+// limit's copy: S bytes read and S written, S at most this.
+constexpr std::size_t kMaxCopyBytes = std::size_t{1} << 30;
+
+std::vector<GroupedCase> benchmark_cases() {
+  using kc::ch05::GroupSizes;
+  using kc::ch05::skewed_case;
+  using kc::ch05::uniform_case;
+  return {uniform_case(8, 4096, 4096, 7168),
+          uniform_case(32, 256, 4096, 7168),
+          uniform_case(256, 128, 4096, 7168),
+          uniform_case(8, 4096, 7168, 2048),
+          uniform_case(256, 128, 7168, 2048),
+          uniform_case(8, 4096, 28672, 4096),
+          uniform_case(128, 256, 1536, 2048),
+          skewed_case(GroupSizes::zipf, 256, 8192, 4096, 7168),
+          skewed_case(GroupSizes::one_hot, 256, 8192, 4096, 7168),
+          skewed_case(GroupSizes::quarter_empty, 256, 8192, 4096, 7168)};
+}
+
+// The group sizes as the JSON context carries them: "128*256" for 256 experts of 128 rows,
+// "1338,669,446,...,5*12" for a Zipf tail (tools/pytorch_baselines.py, decode_group_sizes, reads them).
+std::string encode_group_sizes(const std::vector<std::int32_t>& sizes) {
+  std::string text;
+  for (std::size_t i = 0; i < sizes.size();) {
+    std::size_t end = i;
+    while (end < sizes.size() && sizes[end] == sizes[i]) ++end;
+    if (!text.empty()) text += ',';
+    text += std::to_string(sizes[i]);
+    if (end - i > 1) text += '*' + std::to_string(end - i);
+    i = end;
+  }
+  return text;
+}
+
+// The counters every variant of a case shares (Chapter 5's).
+void set_case_counters(benchmark::State& state, const GroupedCase& cs, const std::vector<std::int32_t>& host_offsets) {
+  kc::bench::set_counters(state, kc::ch05::grouped_gemm_min_bytes(cs.shape, host_offsets),
+                          kc::ch05::grouped_gemm_flops(cs.shape, host_offsets));
+  state.counters["experts"] = static_cast<double>(cs.shape.experts);
+  state.counters["rows"] = static_cast<double>(host_offsets.back());
+}
+
+enum class Variant { before, ch05_one_launch, hopper_step, after, cublas_loop, cublas_grouped };
+
+// One variant on one case. @p step is the Hopper step for Variant::hopper_step (ignored otherwise).
+void bench_case(benchmark::State& state, const GroupedCase& cs, Variant variant, GroupedStep step) {
+  const GroupedGemmShape& s = cs.shape;
+  kc::bench::grouped::Inputs in(cs);
+  const bf16* a = in.a.data();
+  const bf16* w = in.w.data();
+  bf16* c = in.c.data();
+  const std::int32_t* offsets = in.offsets.data();
+  const std::vector<std::int32_t>& host_offsets = in.host_offsets;
+  // One buffer serves either chapter's workspace (Chapter 8's is 128-byte aligned: cudaMalloc gives 256).
+  kc::DeviceBuffer<unsigned char> workspace(
+      std::max(kc::ch05::grouped_gemm_workspace_bytes(s), kc::ch08::grouped_gemm_hopper_workspace_bytes(s)));
+  cudaStream_t stream;
+  kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kc::ch02::CublasHandle cublas;
+  std::unique_ptr<kc::ch05::CublasGroupedGemm> grouped;
+  if (variant == Variant::cublas_grouped) {
+    grouped = std::make_unique<kc::ch05::CublasGroupedGemm>(s, a, w, c, host_offsets);
+  }
+  const kc::ch05::GroupedGemmOptions ch05_after{kc::ch05::TileOrder::grouped, kc::ch05::kDefaultGroupM,
+                                                kc::ch05::GroupedTile::wide_128x256};
+  const kc::ch08::GroupedEpilogue plain{kc::ch08::EpilogueKind::plain};
+  auto launch = [&] {
+    switch (variant) {
+      case Variant::before: kc::ch08::grouped_gemm_hopper_loop(s, a, w, c, host_offsets, stream); break;
+      case Variant::ch05_one_launch:
+        kc::ch05::grouped_gemm(s, a, w, c, offsets, workspace.data(), workspace.size(), ch05_after, stream);
+        break;
+      case Variant::hopper_step:
+        kc::ch08::grouped_gemm_hopper_step(step, s, a, w, c, offsets, plain, workspace.data(), workspace.size(),
+                                           stream);
+        break;
+      case Variant::after:
+        kc::ch08::grouped_gemm_hopper(s, a, w, c, offsets, plain, workspace.data(), workspace.size(), stream);
+        break;
+      case Variant::cublas_loop: kc::ch05::cublas_grouped_loop(cublas, s, a, w, c, host_offsets, stream); break;
+      case Variant::cublas_grouped: grouped->run(cublas, stream); break;
+    }
+  };
+  try {
+    launch();  // warm-up: module loading, kernel attributes, cuBLAS heuristics
+  } catch (const kc::ch07::UnsupportedGpu& e) {
+    kc::check(cudaStreamDestroy(stream));
+    state.SkipWithError(e.what());
+    return;
+  }
+  kc::check(cudaStreamSynchronize(stream));
+  kc::bench::time_batches(state, stream, 1, [&](int) { launch(); });
+  kc::check(cudaStreamDestroy(stream));
+  set_case_counters(state, cs, host_offsets);
+}
+
+// limit: the longer of the case's fewest bytes at the measured copy rate and cuBLAS's dense GEMM of
+// all its rows (see the top of the file), both timed in every iteration.
+void bench_limit(benchmark::State& state, const GroupedCase& cs) {
+  const std::vector<std::int32_t> host_offsets = kc::ch05::offsets_of_sizes(cs.sizes);
+  const double min_bytes = kc::ch05::grouped_gemm_min_bytes(cs.shape, host_offsets);
+  const kc::ch02::GemmShape dense{host_offsets.back(), cs.shape.n, cs.shape.k};
+  const auto mk = static_cast<std::size_t>(dense.m * dense.k);
+  const auto nk = static_cast<std::size_t>(dense.n * dense.k);
+  const auto mn = static_cast<std::size_t>(dense.m * dense.n);
+  kc::DeviceBuffer<bf16> a(mk), w(nk), c(mn);
+  kc::fill_uniform_device(a.data(), mk, 1, -1.0, 1.0);
+  kc::fill_uniform_device(w.data(), nk, 2, -1.0, 1.0);
+  const std::size_t copy_bytes = std::min(static_cast<std::size_t>(min_bytes / 2), kMaxCopyBytes);
+  kc::DeviceBuffer<unsigned char> src(copy_bytes), dst(copy_bytes);
+  src.fill_bytes(1);  // synchronises the device: the fills above are done
+  cudaStream_t stream;
+  kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const kc::ch02::CublasHandle cublas;
+  auto copy = [&](int) {
+    kc::check(cudaMemcpyAsync(dst.data(), src.data(), copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  };
+  auto gemm = [&](int) { kc::ch02::cublas_gemm_bf16(cublas, a.data(), w.data(), c.data(), dense, stream); };
+  copy(0);  // warm-up: cuBLAS's workspace and heuristics
+  gemm(0);
+  kc::check(cudaStreamSynchronize(stream));
+  kc::EventTimer timer;
+  double copy_floor_s = 0.0, gemm_floor_s = 0.0;
+  while (state.KeepRunning()) {
+    // The copy first: it also evicts the L2, so the GEMM reads its operands from device memory.
+    const double copy_s = timer.time_launches(stream, 1, copy) * 1e-3;
+    const double gemm_s = timer.time_launches(stream, 1, gemm) * 1e-3;
+    const double bytes_s = min_bytes / (2.0 * static_cast<double>(copy_bytes) / copy_s);
+    copy_floor_s += bytes_s;
+    gemm_floor_s += gemm_s;
+    state.SetIterationTime(std::max(bytes_s, gemm_s));
+  }
+  kc::check(cudaStreamDestroy(stream));
+  set_case_counters(state, cs, host_offsets);
+  const double iterations = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  state.counters["copy_floor_us"] = copy_floor_s / iterations * 1e6;
+  state.counters["gemm_floor_us"] = gemm_floor_s / iterations * 1e6;
+}
+
+void register_benchmarks(const kc::DeviceInfo& device) {
+  // kc::bench::run let through any GPU of sm_90 or newer; the kernels are sm_90a code.
+  if (auto reason = kc::ch07::hopper_unsupported_reason(device.cc_major, device.cc_minor)) {
+    std::printf("Skipping Chapter 8's benchmarks: %s\n", reason->c_str());
+    return;
+  }
+  if (!kc::ch07::hopper_kernels_built()) {
+    std::printf("Skipping Chapter 8's benchmarks: built without sm_90a kernels (no 90 architecture)\n");
+    return;
+  }
+  const std::vector<GroupedCase> all = benchmark_cases();
+  std::vector<std::string> labels;
+  for (const GroupedCase& cs : all) labels.push_back(cs.label);
+  kc::bench::check_case_labels(labels);
+  const bool wide_tile = kc::ch05::grouped_tile_supported(kc::ch05::GroupedTile::wide_128x256);
+
+  auto add = [](const std::string& variant, const GroupedCase& cs, Variant v, GroupedStep step = kc::ch08::kAfterStep) {
+    const std::string name = "ch08/" + variant + "/" + cs.label;
+    kc::bench::configure(benchmark::RegisterBenchmark(
+        name.c_str(), [cs, v, step](benchmark::State& st) { bench_case(st, cs, v, step); }));
+  };
+  for (const GroupedCase& cs : all) {
+    if (!kc::bench::grouped::fits_device(cs, device)) {
+      std::printf("Skipping %s: its inputs do not fit this GPU's memory\n", cs.label.c_str());
+      continue;
+    }
+    benchmark::AddCustomContext("group_sizes/" + cs.label, encode_group_sizes(cs.sizes));
+    add("before", cs, Variant::before);
+    if (wide_tile) add("step0_ch05_one_launch", cs, Variant::ch05_one_launch);
+    for (GroupedStep step :
+         {GroupedStep::masked_store, GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map}) {
+      add(kc::ch08::to_string(step), cs, Variant::hopper_step, step);
+    }
+    add("after", cs, Variant::after);
+    add("vendor_cublas_loop", cs, Variant::cublas_loop);
+    add("vendor_cublas_grouped", cs, Variant::cublas_grouped);
+    kc::bench::configure(benchmark::RegisterBenchmark(("ch08/limit/" + cs.label).c_str(),
+                                                      [cs](benchmark::State& st) { bench_limit(st, cs); }));
+  }
+}
+
+}  // namespace
+
+// Below sm_90 kc::bench::run says there is no suitable GPU and exits 0; above it, register_benchmarks
+// says why it registers nothing.
+int main(int argc, char** argv) { return kc::bench::run(argc, argv, register_benchmarks, 9, 0); }

@@ -1,0 +1,178 @@
+// Chapter 8's host side: the rules, the workspace, the tensor maps and the launch path of every step.
+// Everything before the first CUDA call is host arithmetic, tested on machines without a GPU.
+#include <string>
+#include <utility>
+
+#include "grouped_launch.hpp"
+#include "grouped_tiles.hpp"
+#include "hopper_grouped_gemm.hpp"
+#include "kc/check.hpp"
+#include "kc/device_info.hpp"
+#include "kc/validate.hpp"
+#include "ragged_map.hpp"
+#include "tensor_map.hpp"
+
+namespace kc::ch08 {
+
+namespace {
+
+// The most rows W may have as one matrix: a tile's second W box starts up to 128 rows past row
+// E · N - 1 and the coordinate is an int.
+constexpr std::int64_t kMaxWRows = 0x7FFFFFFF - 255;
+
+// Can this build and this GPU run the sm_90a kernels? Asked after every host-side rule.
+void require_hopper() {
+  if (!detail::kernels_built()) {
+    throw UnsupportedGpu(
+        "Chapter 8 was built without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES "
+        "(e.g. -DCMAKE_CUDA_ARCHITECTURES=\"80-real;90\") and run on an sm_90 GPU");
+  }
+  const auto [major, minor] = cached_per_device([](int device) {
+    const DeviceInfo info = query_device(device);
+    return std::pair<int, int>{info.cc_major, info.cc_minor};
+  });
+  if (auto reason = ch07::hopper_unsupported_reason(major, minor)) throw UnsupportedGpu(*reason);
+}
+
+}  // namespace
+
+const char* to_string(GroupedStep step) {
+  switch (step) {
+    case GroupedStep::masked_store: return "step1_masked_store";
+    case GroupedStep::device_tensor_maps: return "step2_device_tensor_maps";
+    case GroupedStep::ragged_tensor_map: return "step3_ragged_tensor_map";
+  }
+  throw InvalidArgument("step (" + std::to_string(static_cast<int>(step)) + ") is not a GroupedStep");
+}
+
+std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape) {
+  if (shape.experts < 1 || shape.experts > ch05::kMaxExperts) {
+    throw InvalidArgument("shape.experts (" + std::to_string(shape.experts) + ") must be in [1, " +
+                          std::to_string(ch05::kMaxExperts) + "]");
+  }
+  return detail::WorkspaceLayout::bytes(shape.experts);
+}
+
+void validate_grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                                  const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                                  const void* workspace, std::size_t workspace_bytes, GroupedStep step) {
+  to_string(step);  // throws for a value that is no step
+  const int kind = static_cast<int>(epilogue.kind);
+  if (kind < static_cast<int>(EpilogueKind::plain) || kind > static_cast<int>(EpilogueKind::row_scale)) {
+    throw InvalidArgument("epilogue.kind (" + std::to_string(kind) + ") is not an EpilogueKind");
+  }
+  const std::int64_t n_out = output_columns(shape.n, epilogue.kind);
+  ch05::validate_grouped_gemm(shape, a, w, c, offsets, n_out);
+  if (shape.m_total > kRaggedRows) {
+    throw InvalidArgument("shape.m_total (" + std::to_string(shape.m_total) +
+                          ") must be at most 2^30 (the ragged store map counts rows below 2^30)");
+  }
+  if (static_cast<std::int64_t>(shape.experts) * shape.n > kMaxWRows) {
+    throw InvalidArgument("shape.experts * shape.n (" + std::to_string(shape.experts * shape.n) +
+                          ") must be at most 2^31 - 256 (W is read as one [E * N, K] matrix with int row "
+                          "coordinates, a box up to 255 rows past its last row)");
+  }
+  if (epilogue.kind == EpilogueKind::swiglu && shape.n % 2 != 0) {
+    throw InvalidArgument("shape.n (" + std::to_string(shape.n) +
+                          ") must be a multiple of 2 for swiglu (W[e] is [gate; up], N / 2 rows each)");
+  }
+  if (uses_tma_store(step) && shape.m_total > 0) {
+    if (n_out % 8 != 0) {
+      throw InvalidArgument("the columns of C (" + std::to_string(n_out) +
+                            (epilogue.kind == EpilogueKind::swiglu ? ", shape.n / 2" : ", shape.n") +
+                            ") must be a multiple of 8 for " + to_string(step) +
+                            "'s TMA store (rows of a multiple of 16 bytes)");
+    }
+    if (!kc::aligned_to(c, 16)) {
+      throw InvalidArgument(std::string("c must be 16-byte aligned for ") + to_string(step) + "'s TMA store");
+    }
+  }
+  const std::uint64_t c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(n_out) * 2;
+  if (epilogue.kind == EpilogueKind::row_scale && shape.m_total > 0) {
+    if (epilogue.row_scale == nullptr) {
+      throw InvalidArgument("epilogue.row_scale must not be null for row_scale when shape.m_total > 0");
+    }
+    if (!kc::aligned_to(epilogue.row_scale, 4)) throw InvalidArgument("epilogue.row_scale must be 4-byte aligned");
+    if (kc::overlaps(c, c_bytes, epilogue.row_scale, static_cast<std::uint64_t>(shape.m_total) * 4)) {
+      throw InvalidArgument("c must not overlap epilogue.row_scale");
+    }
+  }
+  const std::size_t needed = grouped_gemm_hopper_workspace_bytes(shape);
+  if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
+  if (!kc::aligned_to(workspace, 128)) {
+    throw InvalidArgument("workspace must be 128-byte aligned (it holds tensor maps)");
+  }
+  if (workspace_bytes < needed) {
+    throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) +
+                          ") must be >= " + std::to_string(needed) + " (grouped_gemm_hopper_workspace_bytes)");
+  }
+  const auto m = static_cast<std::uint64_t>(shape.m_total);
+  const auto e = static_cast<std::uint64_t>(shape.experts);
+  const auto n = static_cast<std::uint64_t>(shape.n);
+  const auto k = static_cast<std::uint64_t>(shape.k);
+  if (kc::overlaps(workspace, needed, c, c_bytes)) throw InvalidArgument("workspace must not overlap c");
+  if (kc::overlaps(workspace, needed, a, m * k * 2)) throw InvalidArgument("workspace must not overlap a");
+  if (kc::overlaps(workspace, needed, w, e * n * k * 2)) throw InvalidArgument("workspace must not overlap w");
+  if (kc::overlaps(workspace, needed, offsets, (e + 1) * 4)) {
+    throw InvalidArgument("workspace must not overlap offsets");
+  }
+  if (epilogue.kind == EpilogueKind::row_scale && kc::overlaps(workspace, needed, epilogue.row_scale, m * 4)) {
+    throw InvalidArgument("workspace must not overlap epilogue.row_scale");
+  }
+}
+
+void grouped_gemm_hopper_step(GroupedStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a,
+                              const __nv_bfloat16* w, __nv_bfloat16* c, const std::int32_t* offsets,
+                              const GroupedEpilogue& epilogue, void* workspace, std::size_t workspace_bytes,
+                              cudaStream_t stream) {
+  // 1. Every rule, before any CUDA call.
+  validate_grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, step);
+  if (shape.m_total == 0) return;  // no rows: nothing to compute or write
+  const bool swiglu = epilogue.kind == EpilogueKind::swiglu;
+  const std::int64_t n_out = output_columns(shape.n, epilogue.kind);
+  const ch07::TensorMapSpec a_spec = ch07::bf16_row_major_map(a, shape.m_total, shape.k, kTile.block_m);
+  const ch07::TensorMapSpec w_spec =
+      ch07::bf16_row_major_map(w, static_cast<std::int64_t>(shape.experts) * shape.n, shape.k, kWBoxRows);
+  ch07::validate_tensor_map(a_spec, "a");
+  ch07::validate_tensor_map(w_spec, "w");
+  // 2. Can this build and GPU run it?
+  require_hopper();
+  // 3. Maps (host-only encoding), the prefix kernel, the GEMM.
+  const CUtensorMap a_map = ch07::encode_tensor_map(a_spec, "a");
+  const CUtensorMap w_map = ch07::encode_tensor_map(w_spec, "w");
+  CUtensorMap c_map{};  // step 2: the base of the experts' maps; step 3: the ragged map
+  if (step == GroupedStep::device_tensor_maps) {
+    c_map = ch07::encode_tensor_map(ch07::bf16_row_major_map(c, shape.m_total, n_out, ch07::kStoreBoxRows), "c");
+  } else if (step == GroupedStep::ragged_tensor_map) {
+    c_map = encode_ragged_store_map(ragged_store_map(c, n_out));
+  }
+  auto* tile_prefix = static_cast<std::int32_t*>(workspace);
+  auto* expert_maps = reinterpret_cast<CUtensorMap*>(static_cast<unsigned char*>(workspace) +
+                                                     detail::WorkspaceLayout::prefix_bytes(shape.experts));
+  const int m_total = static_cast<int>(shape.m_total);
+  detail::launch_expert_prefix(offsets, shape.experts, m_total, tile_prefix, c_map, c, static_cast<int>(n_out),
+                               step == GroupedStep::device_tensor_maps ? expert_maps : nullptr, stream);
+  detail::GroupedArgs args;
+  args.c = c;
+  args.offsets = offsets;
+  args.tile_prefix = tile_prefix;
+  args.expert_maps = expert_maps;
+  args.row_scale = epilogue.kind == EpilogueKind::row_scale ? epilogue.row_scale : nullptr;
+  args.m_total = m_total;
+  args.n = static_cast<int>(shape.n);
+  args.k = static_cast<int>(shape.k);
+  args.experts = shape.experts;
+  args.n_out = static_cast<int>(n_out);
+  args.tiles_n = grouped_tiles_n(args.n, epilogue.kind);
+  args.paired_stores = n_out % 2 == 0 && kc::aligned_to(c, 4);
+  const std::int64_t tile_bound = ch05::max_m_tiles(shape.m_total, shape.experts, kTile.block_m) * args.tiles_n;
+  detail::launch_grouped(step, swiglu, a_map, w_map, c_map, args, tile_bound, stream);
+}
+
+void grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                         __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                         void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  grouped_gemm_hopper_step(kAfterStep, shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
+}
+
+}  // namespace kc::ch08
