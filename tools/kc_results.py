@@ -13,8 +13,14 @@ Subcommands (see ``--help`` of each, and tools/README.md):
 * ``check --results-dir DIR [--readme README.md]``: regenerate in memory, diff with the files on
   disk, exit 1 when they differ.
 * ``chapter-map --results-dir DIR --readme README.md [--check]``: rewrite (or compare) the block
-  between ``<!-- chapter-map:begin -->`` and ``<!-- chapter-map:end -->`` in the README.
+  between ``<!-- chapter-map:begin -->`` and ``<!-- chapter-map:end -->`` in the README, and the
+  lessons' generated parts.
 * ``summary JSON_FILE...``: print a plain-text table of any benchmark JSON files.
+
+``generate`` and ``check`` (its pages) work on the one folder DIR. The README and the lessons are
+generated from one folder too, except that a chapter with ``"results_gpu": "h100"`` in
+tools/chapters.json is read from the sibling folder of that name (``DIR/../h100``): its row, its lesson
+block, its inline figures and any other lesson's figures of it, each naming that GPU where it differs.
 
 Standard library only; matplotlib is imported lazily for the plots. Output is deterministic: the
 same inputs always give the same bytes, because CI regenerates the tables and diffs them.
@@ -54,6 +60,7 @@ _SUFFIX_RE = re.compile(
 _CHAPTER_RE = re.compile(r"^ch\d+$")
 _STEP_RE = re.compile(r"^step(\d+)(?:_|$)")
 _BENCH_FILE_RE = re.compile(r"^(ch\d+)_bench\.json$")
+_FOLDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _AGGREGATES = ("mean", "median", "stddev", "cv", "min", "max")
 
 
@@ -344,11 +351,15 @@ class Chapter:
     metric: str = "bandwidth"  # "bandwidth" or "flops"
     reference_label: Optional[str] = None
     baseline: str = "before"  # the variant the speed-up column divides by (Chapter 2: step1_naive)
+    # The results folder this chapter is read from, a sibling of the one the README and lessons are
+    # generated from (Chapter 8: "h100", measured only there); None: that folder itself.
+    results_gpu: Optional[str] = None
 
 
 def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
-    """Reads the chapter list (tools/chapters.json): a JSON list of objects with id, dir, title and
-    headline {case, variant, reference, metric[, reference_label]}."""
+    """Reads the chapter list (tools/chapters.json): a JSON list of objects with id, dir, title,
+    headline {case, variant, reference, metric[, reference_label]} and optional baseline and
+    results_gpu (see chapter_results_dir)."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -368,6 +379,11 @@ def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
         metric = headline.get("metric", "bandwidth")
         if metric not in ("bandwidth", "flops"):
             raise ResultsError("%s: %s headline metric %r must be 'bandwidth' or 'flops'" % (path, item["id"], metric))
+        results_gpu = item.get("results_gpu")
+        if results_gpu is not None and (not isinstance(results_gpu, str) or not _FOLDER_RE.match(results_gpu)
+                                        or results_gpu in (".", "..")):
+            raise ResultsError("%s: %s results_gpu %r must be the name of a folder beside the results folder, "
+                               "e.g. \"h100\"" % (path, item["id"], results_gpu))
         chapters.append(Chapter(
             id=item["id"], dir=item["dir"], title=item["title"],
             headline_case=headline.get("case"),
@@ -376,6 +392,7 @@ def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
             metric=metric,
             reference_label=headline.get("reference_label"),
             baseline=item.get("baseline", "before"),
+            results_gpu=results_gpu,
         ))
     return chapters
 
@@ -628,6 +645,39 @@ def load_chapter_results(results_dir: str, chapter_id: str,
         metadata = load_metadata(results_dir, chapter_id)
     has_metadata = own or os.path.isfile(os.path.join(results_dir, "metadata.json"))
     return ChapterResults(chapter_id, [load_benchmark_file(p) for p in paths], metadata, has_metadata)
+
+
+def chapter_results_dir(results_dir: str, chapter: Optional[Chapter]) -> str:
+    """The folder a chapter's results are read from when the README and the lessons are generated
+    from ``results_dir``: ``results_dir`` itself, or for a chapter with ``results_gpu`` the sibling
+    folder of that name (``docs/results/h200`` and "h100" give ``docs/results/h100``)."""
+    if chapter is None or not chapter.results_gpu:
+        return results_dir
+    return os.path.join(os.path.dirname(os.path.normpath(results_dir)), chapter.results_gpu)
+
+
+def same_folder(a: str, b: str) -> bool:
+    """Whether two paths name the same folder."""
+    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+
+
+def quoted_results(results_dir: str, chapter: Chapter,
+                   metadata: Optional[Dict[str, Any]] = None) -> Optional[ChapterResults]:
+    """A chapter's results as the README and the lessons quote them, read from
+    chapter_results_dir(); ``metadata`` (``results_dir``'s metadata.json) applies only to a chapter
+    read from ``results_dir`` itself."""
+    folder = chapter_results_dir(results_dir, chapter)
+    return load_chapter_results(folder, chapter.id, metadata if same_folder(folder, results_dir) else None)
+
+
+def folder_gpu(folder: str, results: Optional[ChapterResults] = None) -> str:
+    """The GPU a folder's figures come from, as generated text names it: the GPU that ``results``
+    (a chapter of that folder) recorded, else the folder's metadata.json's, else the folder's name in
+    capitals ("H100")."""
+    gpu = _clean(results.info()["gpu"]) if results is not None else None
+    if gpu is None:
+        gpu = _clean(load_metadata(folder).get("gpu"))
+    return gpu or os.path.basename(os.path.normpath(folder)).upper()
 
 
 def table_metric(chapter: Optional[Chapter], results: ChapterResults) -> str:
@@ -1056,25 +1106,37 @@ def _posix_relpath(path: str, start: str) -> str:
 def render_chapter_map(results_dir: str, readme_path: str, chapters: Sequence[Chapter]) -> str:
     """The lines between the chapter-map markers (without the markers): a table with one row per
     chapter of tools/chapters.json, its headline figure from ``results_dir`` (or "not yet
-    measured") and links to the chapter folder and its results table."""
+    measured") and links to the chapter folder and its results table. A chapter with
+    ``results_gpu`` is read from that sibling folder (chapter_results_dir), and its figure names the
+    GPU: "after <N> TFLOP/s = <R> × roofline limit, at CASE, on NVIDIA H100 80GB HBM3", or "not yet
+    measured on H100"."""
     readme_dir = os.path.dirname(os.path.abspath(readme_path))
     results_rel = _posix_relpath(os.path.abspath(results_dir), readme_dir)
     metadata = load_metadata(results_dir)
     rows = []
+    elsewhere = []
     gpu = _clean(metadata.get("gpu"))
     for chapter in chapters:
-        results = load_chapter_results(results_dir, chapter.id, metadata)
-        if results is not None and gpu is None:
+        folder = chapter_results_dir(results_dir, chapter)
+        own_folder = same_folder(folder, results_dir)
+        results = quoted_results(results_dir, chapter, metadata)
+        if results is not None and gpu is None and own_folder:
             gpu = _clean(results.info()["gpu"])
         number = chapter.id[2:]
         link = "[%s · %s](chapters/%s/)" % (number, chapter.title, chapter.dir)
-        figure = headline_text(chapter, results) or "not yet measured"
-        table = "[%s.md](%s/%s.md)" % (chapter.id, results_rel, chapter.id) if results is not None else DASH
+        figure = headline_text(chapter, results)
+        folder_rel = _posix_relpath(os.path.abspath(folder), readme_dir)
+        if not own_folder:
+            elsewhere.append("%s from %s" % (chapter.id, folder_rel))
+            measured_on = folder_gpu(folder, results)
+            figure = "%s, on %s" % (figure, measured_on) if figure else "not yet measured on %s" % measured_on
+        figure = figure or "not yet measured"
+        table = "[%s.md](%s/%s.md)" % (chapter.id, folder_rel, chapter.id) if results is not None else DASH
         rows.append("| %s | %s | %s |" % (link, figure, table))
     where = gpu or os.path.basename(os.path.normpath(results_dir))
     lines = [
-        "<!-- Generated by tools/kc_results.py chapter-map from tools/chapters.json and %s; "
-        "do not edit by hand. -->" % results_rel,
+        "<!-- Generated by tools/kc_results.py chapter-map from tools/chapters.json and %s%s; "
+        "do not edit by hand. -->" % (results_rel, " (%s)" % ", ".join(elsewhere) if elsewhere else ""),
         "| Chapter | Measured on %s | Results |" % where,
         "|---|---|---|",
     ] + rows
@@ -1131,9 +1193,17 @@ def lesson_path(readme_path: str, chapter: Chapter) -> str:
 def render_lesson_block(results_dir: str, lesson: str, chapter: Chapter) -> str:
     """The lines of a chapter README's results block: the chapter's generated table (as in
     chNN.md, without its title), the plot when chNN.png exists, and the Nsight Compute profile when
-    chNN_profile.txt exists."""
-    rel = _posix_relpath(os.path.abspath(results_dir), os.path.dirname(os.path.abspath(lesson)))
-    results = load_chapter_results(results_dir, chapter.id)
+    chNN_profile.txt exists. A chapter with ``results_gpu`` is read from that sibling folder
+    (chapter_results_dir), and the block opens with a line naming its GPU and the other chapters'."""
+    folder = chapter_results_dir(results_dir, chapter)
+    rel = _posix_relpath(os.path.abspath(folder), os.path.dirname(os.path.abspath(lesson)))
+    results = load_chapter_results(folder, chapter.id)
+    elsewhere = not same_folder(folder, results_dir)
+    if results is None and elsewhere:
+        return ("Not yet measured. This chapter is measured on %s (its results go to `%s/`), not on the %s of "
+                "the other chapters' results: run `tools/gpu_suite.sh %s` on that GPU and import its archive "
+                "(`tools/import_gpu_run.sh ARCHIVE %s`).\n"
+                % (folder_gpu(folder), rel, folder_gpu(results_dir), chapter.id, chapter.results_gpu))
     if results is None:
         return ("Not yet measured: run `tools/gpu_suite.sh %s` on a GPU machine and import its archive "
                 "(`tools/import_gpu_run.sh`).\n" % chapter.id)
@@ -1142,10 +1212,15 @@ def render_lesson_block(results_dir: str, lesson: str, chapter: Chapter) -> str:
     while body and not body[0].strip():
         body.pop(0)
     lines = ["<!-- Generated by tools/kc_results.py from %s/%s_bench.json (and the files beside it); "
-             "do not edit by hand. -->" % (rel, chapter.id), ""] + body
-    if os.path.isfile(os.path.join(results_dir, chapter.id + ".png")):
+             "do not edit by hand. -->" % (rel, chapter.id), ""]
+    if elsewhere:
+        lines += ["Measured on %s (`%s/`), not on the %s of the other chapters' results: compare ratios within "
+                  "this run (a variant against `before`, the vendor or `limit` of the same case), not times "
+                  "across GPUs." % (folder_gpu(folder, results), rel, folder_gpu(results_dir)), ""]
+    lines += body
+    if os.path.isfile(os.path.join(folder, chapter.id + ".png")):
         lines += ["", "![%s results](%s/%s.png)" % (chapter.id, rel, chapter.id)]
-    profile = read_text(os.path.join(results_dir, chapter.id + "_profile.txt"))
+    profile = read_text(os.path.join(folder, chapter.id + "_profile.txt"))
     if profile and profile.strip():
         lines += ["", "Nsight Compute, one launch per case (`tools/kc_profile.py`, from `%s/%s_profile.txt`):"
                   % (rel, chapter.id), "", "```text", profile.strip("\n"), "```"]
@@ -1338,7 +1413,8 @@ def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
 
 def lesson_updates(results_dir: str, readme_path: str, chapters: Sequence[Chapter]) -> Dict[str, Tuple[str, str]]:
     """For each chapter README that has a results block or inline figures: path -> (current text,
-    expected text)."""
+    expected text). Each chapter's figures, in its own lesson or quoted in another, come from
+    chapter_results_dir(results_dir, chapter)."""
     updates = {}
     for chapter in chapters:
         path = lesson_path(readme_path, chapter)
@@ -1353,9 +1429,12 @@ def lesson_updates(results_dir: str, readme_path: str, chapters: Sequence[Chapte
             index = _chapter_index(chapters)
 
             def others(chapter_id: str) -> Tuple[Optional[ChapterResults], Optional[Chapter]]:
-                return load_chapter_results(results_dir, chapter_id), index.get(chapter_id)
+                other = index.get(chapter_id)
+                if other is None:
+                    return None, None
+                return quoted_results(results_dir, other), other
 
-            expected = fill_figures(expected, load_chapter_results(results_dir, chapter.id), chapter, others)
+            expected = fill_figures(expected, quoted_results(results_dir, chapter), chapter, others)
         if expected != current or lesson_begin_marker(chapter.id) in current:
             updates[path] = (current, expected)
     return updates
@@ -1447,13 +1526,24 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chapters", nargs="+", metavar="chNN", help="only these chapters")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
 
-    p = sub.add_parser("check", help="exit 1 when the generated files differ from the JSON")
-    p.add_argument("--results-dir", required=True)
-    p.add_argument("--chapters", nargs="+", metavar="chNN", help="only these chapters")
-    p.add_argument("--readme", help="also check this README's chapter map")
+    p = sub.add_parser(
+        "check", help="exit 1 when the generated files differ from the JSON",
+        description="Checks the chNN.md of every chNN_bench.json in --results-dir (that folder only: check each "
+                    "folder on its own). With --readme, also checks the README's chapter map and the lessons' "
+                    "generated parts against what `chapter-map` with the same --results-dir writes: chapters "
+                    "with results_gpu in tools/chapters.json read from that sibling folder, the others from "
+                    "--results-dir. So pass --readme with the folder the README is generated from "
+                    "(docs/results/h200); check the other folders without it.")
+    p.add_argument("--results-dir", required=True, help="e.g. docs/results/h200 or docs/results/h100")
+    p.add_argument("--chapters", nargs="+", metavar="chNN", help="only these chapters' pages")
+    p.add_argument("--readme", help="also check this README's chapter map and the lessons' generated parts")
 
-    p = sub.add_parser("chapter-map", help="rewrite the chapter map in the README")
-    p.add_argument("--results-dir", required=True)
+    p = sub.add_parser(
+        "chapter-map", help="rewrite the chapter map in the README and the lessons' generated parts",
+        description="Writes the README's chapter map and each lesson's results block and inline figures from "
+                    "--results-dir; a chapter with results_gpu in tools/chapters.json (e.g. \"h100\") is read "
+                    "from the sibling folder of that name instead, and its row and block name that GPU.")
+    p.add_argument("--results-dir", required=True, help="the folder the README quotes: docs/results/h200")
     p.add_argument("--readme", required=True)
     p.add_argument("--check", action="store_true", help="only compare; exit 1 when out of date")
 

@@ -543,6 +543,162 @@ class CrossChapterFigureTest(unittest.TestCase):
             kr.fill_figures(text, None, ch05, lambda cid: (None, None))
 
 
+class ResultsGpuTest(unittest.TestCase):
+    """A chapter with "results_gpu" (Chapter 8: "h100") is read from the sibling folder of that name:
+    its README row, its lesson block, its inline figures and other lessons' figures of it."""
+
+    H100 = "NVIDIA H100 80GB HBM3"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.tmp)
+        root = os.path.join(self.tmp, "docs", "results")
+        # The reference folder measured ch01 too (another GPU, other times): the tool must not read it.
+        self.h200 = make_results_dir(os.path.join(root, "h200"), with_pytorch=False)
+        self.h100 = os.path.join(root, "h100")
+        self.readme = os.path.join(self.tmp, "README.md")
+        shutil.copy(data("readme_with_map.md"), self.readme)
+        self.chapters_json = os.path.join(self.tmp, "chapters.json")
+        with open(self.chapters_json, "w") as f:
+            json.dump([
+                {"id": "ch01", "dir": "01_vector_add", "title": "Vector add", "results_gpu": "h100",
+                 "headline": {"case": "fp32_N1048576", "variant": "after", "reference": "limit",
+                              "metric": "bandwidth"}},
+                {"id": "ch02", "dir": "02_tiled_matmul", "title": "Tiled matmul",
+                 "headline": {"case": "fp32_M4096_N4096_K4096", "variant": "after", "reference": "vendor",
+                              "metric": "flops"}},
+            ], f)
+        self.lessons = {}
+        for chapter_dir, text in (
+                ("01_vector_add", "# Lesson 1\n\nBefore: <!-- kc:fig ch01/before/fp32_N1048576 -->x<!-- /kc:fig -->; "
+                                  "<!-- kc:ratio ch01/fp32_N1048576/before/after -->x<!-- /kc:ratio -->.\n\n"
+                                  "<!-- kc:results ch01 -->\n<!-- kc:end -->\n"),
+                ("02_tiled_matmul", "# Lesson 2\n\nChapter 1's before: "
+                                    "<!-- kc:fig ch01/before/fp32_N1048576 -->x<!-- /kc:fig -->.\n\n"
+                                    "<!-- kc:results ch02 -->\n<!-- kc:end -->\n")):
+            path = os.path.join(self.tmp, "chapters", chapter_dir, "README.md")
+            os.makedirs(os.path.dirname(path))
+            kr.write_text(path, text)
+            self.lessons[chapter_dir] = path
+
+    def make_h100(self):
+        """docs/results/h100 with ch01 measured on an H100, twice as slow as the H200 fixture."""
+        os.makedirs(self.h100)
+        with open(data("gbench_1.8.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+        doc["context"]["gpu"] = self.H100
+        for entry in doc["benchmarks"]:
+            for key in ("real_time", "cpu_time"):
+                if isinstance(entry.get(key), (int, float)) and entry.get("aggregate_name") != "cv":
+                    entry[key] *= 2
+            for key in ("bytes_per_second", "flops"):
+                if isinstance(entry.get(key), (int, float)) and entry.get("aggregate_name") != "cv":
+                    entry[key] /= 2
+        with open(os.path.join(self.h100, "ch01_bench.json"), "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+
+    def run_tool(self, *args):
+        return run_main(["--chapters-json", self.chapters_json] + list(args))
+
+    def read(self, path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+
+    def test_the_folder_of_a_chapter(self):
+        chapters = kr.load_chapters(self.chapters_json)
+        self.assertEqual([c.results_gpu for c in chapters], ["h100", None])
+        self.assertEqual(kr.chapter_results_dir(self.h200 + os.sep, chapters[0]), self.h100)
+        self.assertEqual(kr.chapter_results_dir(self.h200, chapters[1]), self.h200)
+        self.assertTrue(kr.same_folder(kr.chapter_results_dir(self.h100, chapters[0]), self.h100))
+
+    def test_a_chapter_reads_its_figures_and_block_from_the_sibling_folder(self):
+        self.make_h100()
+        kr.write_text(os.path.join(self.h100, "ch01_profile.txt"), "## ch01/after/x\n  duration 7 us\n")
+        kr.write_text(os.path.join(self.h100, "ch01.png"), "not a real plot\n")
+        kr.write_text(os.path.join(self.h200, "ch01_profile.txt"), "## ch01/after/x\n  duration 3 us\n")
+        self.assertEqual(self.run_tool("generate", "--results-dir", self.h100, "--no-plots")[0], 0)
+        self.assertEqual(self.run_tool("generate", "--results-dir", self.h200, "--no-plots")[0], 0)
+        status, out, err = self.run_tool("chapter-map", "--results-dir", self.h200, "--readme", self.readme)
+        self.assertEqual(status, 0, out + err)
+        h100 = kr.load_chapter_results(self.h100, "ch01")
+        h200 = kr.load_chapter_results(self.h200, "ch01")
+        after, limit = h100.find("fp32_N1048576", "after"), h100.find("fp32_N1048576", "limit")
+        before = h100.find("fp32_N1048576", "before")
+        self.assertNotEqual(before.time_s, h200.find("fp32_N1048576", "before").time_s)
+
+        readme = self.read(self.readme)
+        self.assertIn("Measured on NVIDIA H200", readme)  # the column: the reference folder's GPU
+        self.assertIn("and docs/results/h200 (ch01 from docs/results/h100);", readme)
+        self.assertIn("| [01 · Vector add](chapters/01_vector_add/) | after %s = %.2f × copy limit, at fp32_N1048576, "
+                      "on %s | [ch01.md](docs/results/h100/ch01.md) |"
+                      % (kr.format_bandwidth(after.bytes_per_second),
+                         after.bytes_per_second / limit.bytes_per_second, self.H100), readme)
+        self.assertIn("| [02 · Tiled matmul](chapters/02_tiled_matmul/) | not yet measured | — |", readme)
+
+        figure = "%s, %s, %.2f × limit" % (kr.format_time(before.time_s), kr.format_bandwidth(before.bytes_per_second),
+                                          before.bytes_per_second / limit.bytes_per_second)
+        lesson1 = self.read(self.lessons["01_vector_add"])
+        self.assertIn("Before: <!-- kc:fig ch01/before/fp32_N1048576 -->%s<!-- /kc:fig -->" % figure, lesson1)
+        self.assertIn(kr.ratio_text(h100, "ch01/fp32_N1048576/before/after"), lesson1)
+        self.assertIn("../../docs/results/h100/ch01_bench.json", lesson1)
+        self.assertNotIn("docs/results/h200", lesson1.replace("not on the NVIDIA H200", ""))
+        self.assertIn("Measured on %s (`../../docs/results/h100/`), not on the NVIDIA H200 of the other chapters' "
+                      "results" % self.H100, lesson1)
+        self.assertIn("- **GPU:** %s; " % self.H100, lesson1)
+        self.assertIn("![ch01 results](../../docs/results/h100/ch01.png)", lesson1)
+        self.assertIn("from `../../docs/results/h100/ch01_profile.txt`", lesson1)
+        self.assertIn("duration 7 us", lesson1)
+        self.assertNotIn("duration 3 us", lesson1)
+        self.assertIn("| `fp32_N1048576` | `before` | %s |" % kr.format_time(before.time_s), lesson1)
+        lesson2 = self.read(self.lessons["02_tiled_matmul"])
+        self.assertIn("Chapter 1's before: <!-- kc:fig ch01/before/fp32_N1048576 -->%s<!-- /kc:fig -->" % figure,
+                      lesson2)
+
+        # The rule for check: its pages are the one folder's; --readme checks what chapter-map writes
+        # from that folder, so it passes with the folder the README came from and fails with another.
+        status, out, _ = self.run_tool("check", "--results-dir", self.h200, "--readme", self.readme)
+        self.assertEqual(status, 0, out)
+        status, out, _ = self.run_tool("check", "--results-dir", self.h100)
+        self.assertEqual(status, 0, out)
+        status, out, _ = self.run_tool("check", "--results-dir", self.h100, "--readme", self.readme)
+        self.assertEqual(status, 1)
+        # A stale page in the sibling folder is that folder's check's business, not the reference's.
+        kr.write_text(os.path.join(self.h100, "ch01.md"), "typed by hand\n")
+        status, out, _ = self.run_tool("check", "--results-dir", self.h200, "--readme", self.readme)
+        self.assertEqual(status, 0, out)
+        status, out, _ = self.run_tool("check", "--results-dir", self.h100)
+        self.assertEqual(status, 1)
+        self.assertIn("typed by hand", out)
+
+    def test_a_missing_sibling_folder_reads_not_yet_measured(self):
+        self.assertFalse(os.path.exists(self.h100))
+        self.run_tool("generate", "--results-dir", self.h200, "--no-plots")
+        status, out, err = self.run_tool("chapter-map", "--results-dir", self.h200, "--readme", self.readme)
+        self.assertEqual(status, 0, out + err)
+        readme = self.read(self.readme)
+        self.assertIn("| [01 · Vector add](chapters/01_vector_add/) | not yet measured on H100 | — |", readme)
+        lesson1 = self.read(self.lessons["01_vector_add"])
+        self.assertIn("<!-- kc:fig ch01/before/fp32_N1048576 -->not yet measured<!-- /kc:fig -->", lesson1)
+        self.assertIn("<!-- kc:ratio ch01/fp32_N1048576/before/after -->not yet measured<!-- /kc:ratio -->", lesson1)
+        self.assertIn("<!-- kc:results ch01 -->\nNot yet measured. This chapter is measured on H100 (its results go "
+                      "to `../../docs/results/h100/`), not on the NVIDIA H200 of the other chapters' results", lesson1)
+        self.assertIn("`tools/import_gpu_run.sh ARCHIVE h100`", lesson1)
+        lesson2 = self.read(self.lessons["02_tiled_matmul"])
+        self.assertIn("<!-- kc:fig ch01/before/fp32_N1048576 -->not yet measured<!-- /kc:fig -->", lesson2)
+        self.assertIn("<!-- kc:results ch02 -->\nNot yet measured: run `tools/gpu_suite.sh ch02`", lesson2)
+        status, out, _ = self.run_tool("check", "--results-dir", self.h200, "--readme", self.readme)
+        self.assertEqual(status, 0, out)
+        status, out, _ = self.run_tool("check", "--results-dir", self.h100)
+        self.assertEqual(status, 0, out)
+
+    def test_an_invalid_results_gpu_is_refused(self):
+        path = os.path.join(self.tmp, "bad.json")
+        for value in ('"../h100"', '"a/b"', '""', '".."', '5'):
+            kr.write_text(path, '[{"id": "ch01", "dir": "x", "title": "t", "results_gpu": %s}]' % value)
+            with self.assertRaises(kr.ResultsError, msg=value):
+                kr.load_chapters(path)
+
+
 class DerivedMarkerTest(unittest.TestCase):
     """kc:ratio and kc:removed: goal ratios and shares computed from the results, never typed."""
 
