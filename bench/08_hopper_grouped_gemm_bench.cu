@@ -11,8 +11,7 @@
 //   Qwen3-30B-A3B gate and up (N = 1536 = 2 × 768, K = 2048), small experts: G128xM256.
 // Variants: before (Chapter 7's GEMM launched once per non-empty expert, grouped_gemm_hopper_loop),
 // step0_ch05_one_launch (Chapter 5's `after`: one launch, grouped order, 128 × 256 mma.sync tile),
-// step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map, step4_dynamic_scheduler
-// (grouped_gemm_hopper_step),
+// step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map (grouped_gemm_hopper_step),
 // after (grouped_gemm_hopper), vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped
 // (cublasGemmGroupedBatchedEx), limit (the case's roofline, measured in the same run: each iteration
 // times a device-to-device copy of S = min(fewest bytes / 2, 1 GiB) bytes, taking t_copy, and cuBLAS's
@@ -236,8 +235,8 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     benchmark::AddCustomContext("group_sizes/" + cs.label, encode_group_sizes(cs.sizes));
     add("before", cs, Variant::before);
     if (wide_tile) add("step0_ch05_one_launch", cs, Variant::ch05_one_launch);
-    for (GroupedStep step : {GroupedStep::masked_store, GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map,
-                             GroupedStep::dynamic_scheduler}) {
+    for (GroupedStep step :
+         {GroupedStep::masked_store, GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map}) {
       add(kc::ch08::to_string(step), cs, Variant::hopper_step, step);
     }
     add("after", cs, Variant::after);

@@ -30,7 +30,7 @@ using kc::test::expect_invalid_argument;
 using bf16 = __nv_bfloat16;
 
 constexpr GroupedStep kAllSteps[] = {GroupedStep::masked_store, GroupedStep::device_tensor_maps,
-                                     GroupedStep::ragged_tensor_map, GroupedStep::dynamic_scheduler};
+                                     GroupedStep::ragged_tensor_map};
 constexpr std::int64_t k2to30 = std::int64_t{1} << 30;
 
 // A fake device address: validation and the map arithmetic only look at the number.
@@ -303,17 +303,16 @@ TEST(HopperGroupedRaggedMap, EncodeRejectsBeforeTheDriver) {
 TEST(HopperGroupedWorkspace, BytesAndLayout) {
   using Layout = kc::ch08::detail::WorkspaceLayout;
   EXPECT_EQ(sizeof(CUtensorMap), 128u);
-  const std::pair<int, std::size_t> want[] = {{1, 128 + 128},       {30, 128 + 30 * 128},    {31, 256 + 31 * 128},
-                                              {32, 256 + 32 * 128}, {256, 1152 + 256 * 128}, {1024, 4224 + 1024 * 128}};
+  const std::pair<int, std::size_t> want[] = {
+      {1, 128 + 128}, {31, 128 + 31 * 128}, {32, 256 + 32 * 128}, {256, 1152 + 256 * 128}, {1024, 4224 + 1024 * 128}};
   for (const auto& [experts, bytes] : want) {
     EXPECT_EQ(kc::ch08::grouped_gemm_hopper_workspace_bytes({100, 64, 64, experts}), bytes) << "E " << experts;
   }
   for (int experts = 1; experts <= 1024; ++experts) {
     const std::size_t prefix = Layout::prefix_bytes(experts);
     ASSERT_EQ(prefix % 128, 0u) << "the maps after the prefix stay 128-byte aligned, E " << experts;
-    // The prefix (E + 1 int32) and step 4's tile counter (one more).
-    ASSERT_GE(prefix, static_cast<std::size_t>(experts + 2) * 4) << "E " << experts;
-    ASSERT_LT(prefix, static_cast<std::size_t>(experts + 2) * 4 + 128) << "E " << experts;
+    ASSERT_GE(prefix, static_cast<std::size_t>(experts + 1) * 4) << "E " << experts;
+    ASSERT_LT(prefix, static_cast<std::size_t>(experts + 1) * 4 + 128) << "E " << experts;
     ASSERT_EQ(Layout::bytes(experts), prefix + 128u * static_cast<std::size_t>(experts)) << "E " << experts;
     ASSERT_EQ(kc::ch08::grouped_gemm_hopper_workspace_bytes({0, 8, 8, experts}), Layout::bytes(experts));
   }
@@ -429,7 +428,7 @@ TEST_F(HopperGroupedRules, EpilogueAndStepValues) {
     expect_invalid_argument([&] { validate(); }, "epilogue.kind (" + std::to_string(kind) + ") is not an EpilogueKind");
   }
   epilogue = {};
-  for (int step : {-1, 4, 7}) {
+  for (int step : {-1, 3, 7}) {
     expect_invalid_argument([&] { validate(static_cast<GroupedStep>(step)); },
                             "step (" + std::to_string(step) + ") is not a GroupedStep");
   }
@@ -454,8 +453,7 @@ TEST_F(HopperGroupedRules, TmaStoreNeedsWholeRowsAndAlignedC) {
         Case{EpilogueKind::swiglu, 1544, "the columns of C (772, shape.n / 2) must be a multiple of 8"}}) {
     const GroupedGemmShape s{1, cs.n, 8, 1};
     epilogue = {cs.kind, m.scale};
-    for (GroupedStep step :
-         {GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map, GroupedStep::dynamic_scheduler}) {
+    for (GroupedStep step : {GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map}) {
       expect_invalid_argument([&] { validate_with(s, m.c, m.workspace, step); },
                               cs.message + " for " + kc::ch08::to_string(step) + "'s TMA store");
     }
@@ -464,8 +462,7 @@ TEST_F(HopperGroupedRules, TmaStoreNeedsWholeRowsAndAlignedC) {
   // c only 2-byte (or 8-byte) aligned.
   epilogue = {};
   for (int shift : {1, 4}) {
-    for (GroupedStep step :
-         {GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map, GroupedStep::dynamic_scheduler}) {
+    for (GroupedStep step : {GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map}) {
       expect_invalid_argument([&] { validate_with(shape, m.c + shift, m.workspace, step); },
                               std::string("c must be 16-byte aligned for ") + kc::ch08::to_string(step));
     }
@@ -534,13 +531,11 @@ TEST(HopperGroupedSteps, Names) {
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::masked_store), "step1_masked_store");
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::device_tensor_maps), "step2_device_tensor_maps");
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::ragged_tensor_map), "step3_ragged_tensor_map");
-  EXPECT_STREQ(kc::ch08::to_string(GroupedStep::dynamic_scheduler), "step4_dynamic_scheduler");
-  EXPECT_EQ(kc::ch08::kAfterStep, GroupedStep::dynamic_scheduler);
+  EXPECT_EQ(kc::ch08::kAfterStep, GroupedStep::ragged_tensor_map);
   EXPECT_FALSE(kc::ch08::uses_tma_store(GroupedStep::masked_store));
   EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::device_tensor_maps));
   EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::ragged_tensor_map));
-  EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::dynamic_scheduler));
-  for (int step : {-1, 4, 100}) {
+  for (int step : {-1, 3, 100}) {
     expect_invalid_argument([step] { kc::ch08::to_string(static_cast<GroupedStep>(step)); },
                             "step (" + std::to_string(step) + ") is not a GroupedStep");
   }

@@ -3,8 +3,7 @@
 //   - The tile prefix (every step): expert e's m-tiles from the device offsets, and their exclusive
 //     prefix over experts, Chapter 5's tile_prefix_of with Chapter 5's block-wide scan. The GEMM
 //     kernel reads tile_prefix[E] for its tile count and binary-searches the prefix for each tile's
-//     expert. The entry after it is step 4's tile counter, set to 0 here: every launch starts
-//     counting from the first tile, and nothing needs resetting at the end.
+//     expert.
 //   - Step 2's store maps: each non-empty expert gets a copy of C's store map with the address of
 //     its first row and its row count, so TMA clips a store at the expert's last row. The copy is
 //     made with ordinary stores and patched with tensormap.replace, both in the generic proxy; the
@@ -30,10 +29,7 @@ __global__ void __launch_bounds__(ch05::detail::kScanThreads)
   if (e < experts) ch05::expert_rows(offsets, e, m_total, begin, end);
   const int inclusive = ch05::detail::block_inclusive_scan(ch05::m_tiles_of(end - begin, kTile.block_m));
   if (e < experts) tile_prefix[e + 1] = inclusive;
-  if (e == 0) {
-    tile_prefix[0] = 0;
-    tile_prefix[experts + 1] = 0;  // step 4's tile counter: no tile claimed yet
-  }
+  if (e == 0) tile_prefix[0] = 0;
   // An empty expert owns no tile: its map is never used, and a map of 0 rows is not a valid map.
   if (expert_maps != nullptr && e < experts && end > begin) {
     CUtensorMap* map = expert_maps + e;

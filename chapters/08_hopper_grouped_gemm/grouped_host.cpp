@@ -41,7 +41,6 @@ const char* to_string(GroupedStep step) {
     case GroupedStep::masked_store: return "step1_masked_store";
     case GroupedStep::device_tensor_maps: return "step2_device_tensor_maps";
     case GroupedStep::ragged_tensor_map: return "step3_ragged_tensor_map";
-    case GroupedStep::dynamic_scheduler: return "step4_dynamic_scheduler";
   }
   throw InvalidArgument("step (" + std::to_string(static_cast<int>(step)) + ") is not a GroupedStep");
 }
@@ -141,10 +140,10 @@ void grouped_gemm_hopper_step(GroupedStep step, const GroupedGemmShape& shape, c
   // 3. Maps (host-only encoding), the prefix kernel, the GEMM.
   const CUtensorMap a_map = ch07::encode_tensor_map(a_spec, "a");
   const CUtensorMap w_map = ch07::encode_tensor_map(w_spec, "w");
-  CUtensorMap c_map{};  // step 2: the base of the experts' maps; steps 3, 4: the ragged map
+  CUtensorMap c_map{};  // step 2: the base of the experts' maps; step 3: the ragged map
   if (step == GroupedStep::device_tensor_maps) {
     c_map = ch07::encode_tensor_map(ch07::bf16_row_major_map(c, shape.m_total, n_out, ch07::kStoreBoxRows), "c");
-  } else if (step == GroupedStep::ragged_tensor_map || step == GroupedStep::dynamic_scheduler) {
+  } else if (step == GroupedStep::ragged_tensor_map) {
     c_map = encode_ragged_store_map(ragged_store_map(c, n_out));
   }
   auto* tile_prefix = static_cast<std::int32_t*>(workspace);
@@ -159,7 +158,6 @@ void grouped_gemm_hopper_step(GroupedStep step, const GroupedGemmShape& shape, c
   args.tile_prefix = tile_prefix;
   args.expert_maps = expert_maps;
   args.row_scale = epilogue.kind == EpilogueKind::row_scale ? epilogue.row_scale : nullptr;
-  args.tile_counter = tile_prefix + shape.experts + 1;
   args.m_total = m_total;
   args.n = static_cast<int>(shape.n);
   args.k = static_cast<int>(shape.k);

@@ -52,8 +52,7 @@ __device__ __forceinline__ void stage_values(const Value& value, unsigned char* 
   }
 }
 
-/// The grouped kernel: see the file's description. @p kStep picks the store (step 4 stores as step 3)
-/// and the scheduler (steps 1-3 round-robin, step 4 claims), @p kSwiglu the epilogue
+/// The grouped kernel: see the file's description. @p kStep picks the store, @p kSwiglu the epilogue
 /// (silu(gate) · up over the two W boxes' halves of the accumulators); args.row_scale, when not null,
 /// scales each row of C.
 template <GroupedStep kStep, bool kSwiglu>
@@ -61,9 +60,6 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap c_map, const GroupedArgs args) {
   constexpr bool kTmaStore = uses_tma_store(kStep);
-  // Step 4: tiles claimed one at a time from a counter, in launch order, instead of round-robin.
-  constexpr bool kClaimed = kStep == GroupedStep::dynamic_scheduler;
-  constexpr int kTileSlots = 8;  // claimed tile ids the producer may be ahead of the consumers
   constexpr EpilogueKind kKind = kSwiglu ? EpilogueKind::swiglu : EpilogueKind::plain;
   constexpr int kConsumerWarps = kTile.consumer_warpgroups * kWarpgroupThreads / 32;
   constexpr int kProducerRegisters = 40;
@@ -83,10 +79,6 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   unsigned char* staging = smem + kTile.stages * kTile.stage_bytes();
   auto* full = reinterpret_cast<std::uint64_t*>(staging + kTile.c_staging_bytes());
   std::uint64_t* empty = full + kTile.stages;
-  // Step 4's ring of claimed tile ids: the producer claims a tile, writes its id into a slot and
-  // arrives on the slot's full barrier; each consumer warp reads it and arrives on its empty barrier.
-  __shared__ int tile_ids[kTileSlots];
-  __shared__ std::uint64_t tile_full[kTileSlots], tile_empty[kTileSlots];
 
   const int k_tiles = (args.k + kBlockK - 1) / kBlockK;
   // The real tile count, known only here: the prefix kernel wrote it before this kernel started.
@@ -101,12 +93,6 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
       ptx::mbarrier_init(&full[s], 1);
       ptx::mbarrier_init(&empty[s], kConsumerWarps);
     }
-    if constexpr (kClaimed) {
-      for (int s = 0; s < kTileSlots; ++s) {
-        ptx::mbarrier_init(&tile_full[s], 1);
-        ptx::mbarrier_init(&tile_empty[s], kConsumerWarps);
-      }
-    }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -115,22 +101,8 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
     // ------------------------------------------------------------------------------------- producer
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      PipelineState p, slot;
-      // The next tile: round-robin (steps 1-3), or claimed from the counter and passed on (step 4). A
-      // claim past the last tile is passed on too: it tells the consumers to stop.
-      auto next_tile = [&](int tile) {
-        if constexpr (kClaimed) {
-          const int claimed = atomicAdd(args.tile_counter, 1);
-          if (slot.wrapped) ptx::mbarrier_wait(&tile_empty[slot.stage], slot.phase ^ 1u);
-          tile_ids[slot.stage] = claimed;
-          ptx::mbarrier_arrive(&tile_full[slot.stage]);  // release: the consumers' wait sees the id
-          slot.advance(kTileSlots);
-          return claimed;
-        } else {
-          return tile + static_cast<int>(gridDim.x);
-        }
-      };
-      for (int tile = kClaimed ? next_tile(0) : static_cast<int>(blockIdx.x); tile < tiles; tile = next_tile(tile)) {
+      PipelineState p;
+      for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
         const GroupedWork work = work_of(tile);
         const WBoxRows w_rows = w_box_rows(work.expert, work.n_tile, args.n, kKind);
         for (int kt = 0; kt < k_tiles; ++kt, p.advance(kTile.stages)) {
@@ -155,22 +127,10 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   const bool store_leader = thread == 0;  // issues this warpgroup's TMA stores (bulk groups are per thread)
   unsigned char* my_staging = staging + consumer * (kTile.c_staging_bytes() / kTile.consumer_warpgroups);
   float acc[kTile.block_n / 2];  // no zeroing: each tile's first wgmma has scale-d = 0
-  PipelineState c, slot;
+  PipelineState c;
   int previous_stage = 0;
   int acquired_expert = -1;  // step 2: the expert whose store map this warpgroup last acquired
-  auto next_tile = [&](int tile) {
-    if constexpr (kClaimed) {
-      ptx::mbarrier_wait(&tile_full[slot.stage], slot.phase);
-      const int claimed = tile_ids[slot.stage];
-      __syncwarp();  // every lane has read the slot before its warp releases it
-      if (lane0) ptx::mbarrier_arrive(&tile_empty[slot.stage]);
-      slot.advance(kTileSlots);
-      return claimed;
-    } else {
-      return tile + static_cast<int>(gridDim.x);
-    }
-  };
-  for (int tile = kClaimed ? next_tile(0) : static_cast<int>(blockIdx.x); tile < tiles; tile = next_tile(tile)) {
+  for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const GroupedWork work = work_of(tile);
     for (int kt = 0; kt < k_tiles; ++kt, c.advance(kTile.stages)) {
       ptx::mbarrier_wait(&full[c.stage], c.phase);

@@ -21,7 +21,6 @@ struct GroupedArgs {
   const std::int32_t* tile_prefix = nullptr;  ///< [E + 1] m-tile prefix, written by the prefix kernel
   const CUtensorMap* expert_maps = nullptr;   ///< [E] store maps, written by the prefix kernel (step 2)
   const float* row_scale = nullptr;           ///< [m_total] or null (no scaling)
-  int* tile_counter = nullptr;                ///< step 4: tiles claimed so far, zeroed by the prefix kernel
   int m_total = 0;                            ///< rows of A and C
   int n = 0;                                  ///< W rows per expert
   int k = 0;                                  ///< the reduction length
@@ -31,12 +30,12 @@ struct GroupedArgs {
   bool paired_stores = false;                 ///< step 1: store bf16 pairs as 4-byte words
 };
 
-/// Where a launch's workspace puts its pieces: the tile prefix (E + 1 int32) and step 4's tile counter
-/// (one int32 after it) first, then the experts' store maps (each 128 bytes, 128-byte aligned).
+/// Where a launch's workspace puts its pieces: the tile prefix first, then the experts' store maps
+/// (each 128 bytes, 128-byte aligned).
 struct WorkspaceLayout {
-  /// Bytes of the prefix region: E + 2 int32 (the prefix and the counter), rounded up to 128.
+  /// Bytes of the tile prefix region: E + 1 int32, rounded up to 128.
   static constexpr std::size_t prefix_bytes(int experts) {
-    return (static_cast<std::size_t>(experts + 2) * sizeof(std::int32_t) + 127) / 128 * 128;
+    return (static_cast<std::size_t>(experts + 1) * sizeof(std::int32_t) + 127) / 128 * 128;
   }
   /// Bytes of the whole workspace.
   static constexpr std::size_t bytes(int experts) {
@@ -45,8 +44,7 @@ struct WorkspaceLayout {
 };
 static_assert(sizeof(CUtensorMap) == 128, "a tensor map is 128 bytes");
 
-/// Enqueues the prefix kernel: tile_prefix from the offsets, tile_prefix[E + 1] (step 4's tile counter)
-/// set to 0, and, when @p expert_maps is not null, each
+/// Enqueues the prefix kernel: tile_prefix from the offsets and, when @p expert_maps is not null, each
 /// non-empty expert's store map, made from @p c_map (the rank-2 store map of C [m_total, n_out] at
 /// @p c) with the expert's first row as address and its row count as rows.
 void launch_expert_prefix(const std::int32_t* offsets, int experts, int m_total, std::int32_t* tile_prefix,
@@ -67,10 +65,6 @@ void launch_step2(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_ma
                   std::int64_t tile_bound, cudaStream_t stream);
 /// Step 3's launcher (step3_ragged_tensor_map.cu), as launch_grouped; @p c_map is the ragged map.
 void launch_step3(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
-                  const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
-
-/// Step 4's launcher (step4_dynamic_scheduler.cu), as launch_step3; args.tile_counter must be set.
-void launch_step4(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                   const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
 
 /// True in the build with kernels, false in the stub build.

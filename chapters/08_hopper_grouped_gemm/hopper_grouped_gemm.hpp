@@ -13,17 +13,14 @@
 ///   - swiglu:     C[r][j] = silu(acc[j]) · acc[N/2 + j]       (n_out = N / 2; W[e] is [gate; up])
 ///   - row_scale:  C[r] = row_scale[r] · acc                   (n_out = N; the routing weight)
 ///
-/// The steps (each its own kernel and benchmark variant): three ways of stopping a tile at its
-/// expert's last row, then a scheduler; all share the persistent warp-specialized kernel
-/// (grouped_kernel.cuh):
+/// The steps (each its own kernel and benchmark variant), one per way of stopping a tile at its
+/// expert's last row; all three share the persistent warp-specialized kernel (grouped_kernel.cuh):
 ///   1. step1_masked_store.cu       one tensor map over A and one over W; a tile's loads may run past its
 ///                                  expert (harmless), and its stores go from registers, masked.
 ///   2. step2_device_tensor_maps.cu a store map per expert, written on the device by the prefix kernel
 ///                                  (tensormap.replace, proxy fences): TMA clips the store at the expert's end.
 ///   3. step3_ragged_tensor_map.cu  one rank-3 store map whose extra dimension makes TMA's own bounds
 ///                                  check end each expert (no device writes, no fences).
-///   4. step4_dynamic_scheduler.cu  step 3 with each block claiming its next tile from a counter, so
-///                                  tiles start in launch order and an expert's tiles run together.
 /// The chapter's `after` (grouped_gemm_hopper) runs kAfterStep.
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):
@@ -80,15 +77,13 @@ enum class GroupedStep {
   masked_store,        ///< step 1: stores from registers, masked at the expert's end
   device_tensor_maps,  ///< step 2: TMA stores through per-expert maps written on the device
   ragged_tensor_map,   ///< step 3: TMA stores through one rank-3 map that clips at each expert's end
-  dynamic_scheduler,   ///< step 4: step 3 with tiles claimed in launch order from a counter
 };
 
 /// The step grouped_gemm_hopper runs.
-inline constexpr GroupedStep kAfterStep = GroupedStep::dynamic_scheduler;
+inline constexpr GroupedStep kAfterStep = GroupedStep::ragged_tensor_map;
 
 /// The benchmark variant name of @p step: "step1_masked_store", "step2_device_tensor_maps",
-/// "step3_ragged_tensor_map", "step4_dynamic_scheduler". Throws kc::InvalidArgument for a value that is not a
-/// GroupedStep.
+/// "step3_ragged_tensor_map". Throws kc::InvalidArgument for a value that is not a GroupedStep.
 const char* to_string(GroupedStep step);
 
 /// True when @p step stores C through TMA (and so needs n_out a multiple of 8 and c 16-byte aligned).
@@ -99,11 +94,10 @@ __host__ __device__ constexpr std::int64_t output_columns(std::int64_t n, Epilog
   return kind == EpilogueKind::swiglu ? n / 2 : n;
 }
 
-/// Bytes of device workspace a launch needs: the tile prefix (E + 1 int32) and step 4's tile counter,
-/// rounded up to 128 bytes, and one 128-byte store map per expert (step 2 writes them; the other
-/// steps leave them alone). The prefix kernel rewrites all it uses on every launch: the workspace
-/// needs no initialisation, and its content after a launch is unspecified.
-/// Throws kc::InvalidArgument for a bad shape.experts. Host-only.
+/// Bytes of device workspace a launch needs: the tile prefix (E + 1 int32, rounded up to 128 bytes)
+/// and one 128-byte store map per expert (step 2 writes them; the other steps leave them alone). The
+/// prefix kernel rewrites all it uses on every launch: the workspace needs no initialisation, and its
+/// content after a launch is unspecified. Throws kc::InvalidArgument for a bad shape.experts. Host-only.
 std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape);
 
 /// Checks every rule in this file's description for a launch of @p step; throws kc::InvalidArgument

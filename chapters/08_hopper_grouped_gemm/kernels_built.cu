@@ -12,7 +12,6 @@ void launch_grouped(GroupedStep step, bool swiglu, const CUtensorMap& a_map, con
     case GroupedStep::masked_store: launch_step1(swiglu, a_map, w_map, args, tile_bound, stream); return;
     case GroupedStep::device_tensor_maps: launch_step2(swiglu, a_map, w_map, args, tile_bound, stream); return;
     case GroupedStep::ragged_tensor_map: launch_step3(swiglu, a_map, w_map, c_map, args, tile_bound, stream); return;
-    case GroupedStep::dynamic_scheduler: launch_step4(swiglu, a_map, w_map, c_map, args, tile_bound, stream); return;
   }
 }
 
