@@ -6,8 +6,8 @@
 // Variants: before (three kernels + workspace), after (one kernel; counts as CountMode::automatic
 // picks, moe_gating.hpp),
 // after_counts_fused and after_counts_separate (each way of counting at every size), after_no_counts (the
-// same kernel, weights and ids only: the router's cost where the counts come from elsewhere), limit (a copy kernel moving
-// logits + outputs bytes, copy_bytes). pytorch comes from tools/pytorch_baselines.py.
+// same kernel, weights and ids only: the router's cost where the counts come from elsewhere), limit (a
+// copy kernel moving logits + outputs bytes, copy_bytes). pytorch comes from tools/pytorch_baselines.py.
 // Also the cost of the warp primitives the kernels are built from (warp_primitives.hpp): variants
 // latency and throughput of cases primitive_shfl_xor, primitive_redux_max, primitive_vote_any and
 // primitive_ffma, with counters cycles_per_op and warp_ops_per_sm_clock (no bytes).
