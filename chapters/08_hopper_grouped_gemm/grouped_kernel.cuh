@@ -19,7 +19,9 @@
 #pragma once
 
 #include "grouped_launch.hpp"
-#include "grouped_tiles.hpp"
+// Angle brackets: the exercise build puts the skeleton's grouped_tiles.hpp first on the include path.
+#include <grouped_tiles.hpp>
+
 #include "kc/check.hpp"
 #include "kc/device_info.hpp"
 #include "tensor_map_ptx.cuh"

@@ -82,6 +82,16 @@ __host__ __device__ inline GroupedWork grouped_work(int tile, const std::int32_t
                                                     const std::int32_t* tile_prefix, int experts, int m_total,
                                                     int tiles_n) {
   const ch05::TileCoord at = ch05::expert_grouped_tile(tile, tile_prefix, experts, tiles_n, kGroupM);
+  // exercise 1: The tile's expert and rows. Chapter 5's locate() turns the global m-tile into its
+  // exercise 1: expert and first row; the expert's offsets, clamped as Chapter 5 clamps them
+  // exercise 1: (expert_rows), give the end row the store must stop at and the expert's size.
+  // stub: (void)offsets;
+  // stub: GroupedWork work;
+  // stub: work.row0 = at.m_tile * kTile.block_m;
+  // stub: work.row_end = m_total;
+  // stub: work.expert_rows = m_total;
+  // stub: work.n_tile = at.n_tile;
+  // stub: return work;
   const ch05::TileRows rows = ch05::locate(offsets, tile_prefix, experts, m_total, kTile.block_m, at.m_tile);
   int begin = 0, end = 0;
   ch05::expert_rows(offsets, rows.expert, m_total, begin, end);
@@ -92,6 +102,7 @@ __host__ __device__ inline GroupedWork grouped_work(int tile, const std::int32_t
   work.expert_rows = end - begin;
   work.n_tile = at.n_tile;
   return work;
+  // end exercise 1
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -120,7 +131,13 @@ struct RaggedCoord {
 
 /// The ragged map's (x, y) for @p row (see RaggedCoord).
 __host__ __device__ constexpr RaggedCoord ragged_coord(int row, int group_end, int group_rows) {
+  // exercise 2: The boundary tile's store. Place the row so that dimension 1 reaches 2^30
+  // exercise 2: (kRaggedRows) exactly at the group's end: x counts from 2^30 - group_rows at the
+  // exercise 2: group's first row, and y is the end row (the drawing above).
+  // stub: (void)group_rows;
+  // stub: return {row, group_end};
   return {static_cast<int>(kRaggedRows - group_rows + (row - (group_end - group_rows))), group_end};
+  // end exercise 2
 }
 
 /// The row of C that the ragged map's (x, y) addresses: y + x - 2^30 (what TMA computes, in rows).

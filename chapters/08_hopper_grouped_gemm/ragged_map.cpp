@@ -4,7 +4,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "grouped_tiles.hpp"
+// Angle brackets: the exercise build puts the skeleton's grouped_tiles.hpp first on the include path.
+#include <grouped_tiles.hpp>
+
 #include "kc/check.hpp"
 #include "tensor_map.hpp"  // Chapter 7: driver_encode_tiled
 
