@@ -11,12 +11,14 @@
 //   Qwen3-30B-A3B gate and up (N = 1536 = 2 × 768, K = 2048), small experts: G128xM256.
 // Variants: before (Chapter 7's GEMM launched once per non-empty expert, grouped_gemm_hopper_loop),
 // step0_ch05_one_launch (Chapter 5's `after`: one launch, grouped order, 128 × 256 mma.sync tile),
-// step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map (grouped_gemm_hopper_step),
-// after (grouped_gemm_hopper), vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped
-// (cublasGemmGroupedBatchedEx), limit (the case's roofline, measured in the same run: each iteration
-// times a device-to-device copy of S = min(fewest bytes / 2, 1 GiB) bytes, taking t_copy, and cuBLAS's
-// GemmEx on one dense matrix of all the experts' rows, rows × N × K, taking t_gemm; the iteration's time
-// is the longer of fewest bytes / (2 S / t_copy) and t_gemm). pytorch (torch._grouped_mm) comes from
+// step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map, step4_a_evict_last
+// (grouped_gemm_hopper_step), after (grouped_gemm_hopper), order_row_major (the G8xM4096 cases only:
+// `after` with each expert's tiles walked row by row instead of in bands of 8 m-tiles, to measure what
+// the grouped order saves; the chapter's profile compares the two orders' DRAM bytes), vendor_cublas_loop (cublasGemmEx
+// per expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx), limit (the case's roofline, measured in the same
+// run: each iteration times a device-to-device copy of S = min(fewest bytes / 2, 1 GiB) bytes, taking t_copy, and
+// cuBLAS's GemmEx on one dense matrix of all the experts' rows, rows × N × K, taking t_gemm; the iteration's time is
+// the longer of fewest bytes / (2 S / t_copy) and t_gemm). pytorch (torch._grouped_mm) comes from
 // tools/pytorch_baselines.py.
 //
 // The loop and cuBLAS variants need the group sizes on the host: the benchmark copies the device
@@ -28,34 +30,40 @@
 // Counters: every variant, limit included, counts the same FLOPs (2 · rows · N · K) and the same fewest
 // bytes (A, the weights of non-empty experts and C once each), so "× limit" is the roofline's time over
 // the variant's. limit adds copy_floor_us and gemm_floor_us (its two times; the longer one is the
-// limit). Every case's weights alone exceed 2 × the 60 MB L2 (805 MB to 15 GB), so one input set is
-// enough; limit's copy (S is at least 500 MB) evicts the L2 before each of its GEMMs. Launches take
+// limit). Every variant adds sm_clock_mhz: the median of NVML's SM clock sampled every 2 ms while
+// its launches are timed (limit: every 0.25 ms while cuBLAS's dense GEMM runs, the copy left out);
+// absent where NVML does not answer. Every case's weights alone exceed 2 × the 60 MB L2 (805 MB to 15 GB), so one input
+// set is enough; limit's copy (S is at least 500 MB) evicts the L2 before each of its GEMMs. Launches take
 // milliseconds: one launch per event pair.
 //
 // Hopper only: on another GPU, or in a build without sm_90a kernels, the program registers nothing and
 // says why (as Chapter 7's).
 //
-// Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 90 benchmarks
+// Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 103 benchmarks
 // × (5 repetitions × ~0.3 s (MinTime 0.2 s of launches of 0.3-25 ms) + ~7 set-ups × ~0.07 s (Google
-// Benchmark sizes the first repetition in 2-3 runs; each run allocates and fills up to 16 GB)) ≈ 180 s.
+// Benchmark sizes the first repetition in 2-3 runs; each run allocates and fills up to 16 GB)) ≈ 200 s.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "05_grouped_gemm_inputs.hpp"
 #include "grouped_gemm.hpp"
+#include "grouped_launch.hpp"  // the order probe, grouped_gemm_hopper_ordered
 #include "hopper_gemm.hpp"
 #include "hopper_grouped_gemm.hpp"
 #include "kc/bench.hpp"
 #include "kc/check.hpp"
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
+#include "kc/sm_clock.hpp"
 #include "kc/timer.hpp"
 #include "vendor_cublas.hpp"
 #include "vendor_grouped.hpp"
@@ -109,7 +117,19 @@ void set_case_counters(benchmark::State& state, const GroupedCase& cs, const std
   state.counters["rows"] = static_cast<double>(host_offsets.back());
 }
 
-enum class Variant { before, ch05_one_launch, hopper_step, after, cublas_loop, cublas_grouped };
+enum class Variant { before, ch05_one_launch, hopper_step, after, row_major_order, cublas_loop, cublas_grouped };
+
+// Runs @p timed (a variant's timed launches) with the SM clock sampled meanwhile: counter sm_clock_mhz,
+// where NVML answers.
+template <class Timed>
+void time_with_clock(benchmark::State& state, Timed&& timed) {
+  int device = 0;
+  kc::check(cudaGetDevice(&device));
+  kc::bench::SmClockSampler clock(device);
+  timed();
+  const double mhz = clock.stop();
+  if (mhz > 0.0) state.counters["sm_clock_mhz"] = mhz;
+}
 
 // One variant on one case. @p step is the Hopper step for Variant::hopper_step (ignored otherwise).
 void bench_case(benchmark::State& state, const GroupedCase& cs, Variant variant, GroupedStep step) {
@@ -146,6 +166,10 @@ void bench_case(benchmark::State& state, const GroupedCase& cs, Variant variant,
       case Variant::after:
         kc::ch08::grouped_gemm_hopper(s, a, w, c, offsets, plain, workspace.data(), workspace.size(), stream);
         break;
+      case Variant::row_major_order:
+        kc::ch08::detail::grouped_gemm_hopper_ordered(kc::ch08::kAfterStep, 1, s, a, w, c, offsets, plain,
+                                                      workspace.data(), workspace.size(), stream);
+        break;
       case Variant::cublas_loop: kc::ch05::cublas_grouped_loop(cublas, s, a, w, c, host_offsets, stream); break;
       case Variant::cublas_grouped: grouped->run(cublas, stream); break;
     }
@@ -158,7 +182,7 @@ void bench_case(benchmark::State& state, const GroupedCase& cs, Variant variant,
     return;
   }
   kc::check(cudaStreamSynchronize(stream));
-  kc::bench::time_batches(state, stream, 1, [&](int) { launch(); });
+  time_with_clock(state, [&] { kc::bench::time_batches(state, stream, 1, [&](int) { launch(); }); });
   kc::check(cudaStreamDestroy(stream));
   set_case_counters(state, cs, host_offsets);
 }
@@ -190,10 +214,16 @@ void bench_limit(benchmark::State& state, const GroupedCase& cs) {
   kc::check(cudaStreamSynchronize(stream));
   kc::EventTimer timer;
   double copy_floor_s = 0.0, gemm_floor_s = 0.0;
+  int device = 0;
+  kc::check(cudaGetDevice(&device));
+  std::vector<unsigned> gemm_clock;  // the SM clock while cuBLAS's dense GEMM runs
   while (state.KeepRunning()) {
     // The copy first: it also evicts the L2, so the GEMM reads its operands from device memory.
     const double copy_s = timer.time_launches(stream, 1, copy) * 1e-3;
+    kc::bench::SmClockSampler clock(device, std::chrono::microseconds(250));
     const double gemm_s = timer.time_launches(stream, 1, gemm) * 1e-3;
+    clock.stop();
+    gemm_clock.insert(gemm_clock.end(), clock.samples().begin(), clock.samples().end());
     const double bytes_s = min_bytes / (2.0 * static_cast<double>(copy_bytes) / copy_s);
     copy_floor_s += bytes_s;
     gemm_floor_s += gemm_s;
@@ -204,6 +234,8 @@ void bench_limit(benchmark::State& state, const GroupedCase& cs) {
   const double iterations = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
   state.counters["copy_floor_us"] = copy_floor_s / iterations * 1e6;
   state.counters["gemm_floor_us"] = gemm_floor_s / iterations * 1e6;
+  const double gemm_mhz = kc::bench::median_mhz(std::move(gemm_clock));
+  if (gemm_mhz > 0.0) state.counters["sm_clock_mhz"] = gemm_mhz;
 }
 
 void register_benchmarks(const kc::DeviceInfo& device) {
@@ -235,11 +267,12 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     benchmark::AddCustomContext("group_sizes/" + cs.label, encode_group_sizes(cs.sizes));
     add("before", cs, Variant::before);
     if (wide_tile) add("step0_ch05_one_launch", cs, Variant::ch05_one_launch);
-    for (GroupedStep step :
-         {GroupedStep::masked_store, GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map}) {
+    for (GroupedStep step : {GroupedStep::masked_store, GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map,
+                             GroupedStep::a_evict_last}) {
       add(kc::ch08::to_string(step), cs, Variant::hopper_step, step);
     }
     add("after", cs, Variant::after);
+    if (cs.label.starts_with("G8xM4096_")) add("order_row_major", cs, Variant::row_major_order);
     add("vendor_cublas_loop", cs, Variant::cublas_loop);
     add("vendor_cublas_grouped", cs, Variant::cublas_grouped);
     kc::bench::configure(benchmark::RegisterBenchmark(("ch08/limit/" + cs.label).c_str(),

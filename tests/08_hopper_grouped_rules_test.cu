@@ -32,7 +32,7 @@ using kc::test::expect_invalid_argument;
 using bf16 = __nv_bfloat16;
 
 constexpr GroupedStep kAllSteps[] = {GroupedStep::masked_store, GroupedStep::device_tensor_maps,
-                                     GroupedStep::ragged_tensor_map};
+                                     GroupedStep::ragged_tensor_map, GroupedStep::a_evict_last};
 constexpr std::int64_t k2to30 = std::int64_t{1} << 30;
 
 // A fake device address: validation and the map arithmetic only look at the number.
@@ -122,7 +122,8 @@ TEST(HopperGroupedTiles, WBoxRows) {
 
 // Walks every tile id of a launch over @p sizes (and @p extra_rows of no expert) and checks that the
 // tiles give each (row, n-tile) of each expert to exactly one tile, and nothing else.
-void expect_launch_covers_every_row_once(const std::vector<std::int32_t>& sizes, int tiles_n, int extra_rows) {
+void expect_launch_covers_every_row_once(const std::vector<std::int32_t>& sizes, int tiles_n, int extra_rows,
+                                         int group_m = kc::ch08::kGroupM) {
   const int experts = static_cast<int>(sizes.size());
   const std::vector<std::int32_t> offsets = kc::ch05::offsets_of_sizes(sizes);
   const int rows = offsets.back(), m_total = rows + extra_rows;
@@ -136,7 +137,7 @@ void expect_launch_covers_every_row_once(const std::vector<std::int32_t>& sizes,
   const int tiles = prefix[experts] * tiles_n;
   for (int tile = 0; tile < tiles; ++tile) {
     const kc::ch08::GroupedWork w =
-        kc::ch08::grouped_work(tile, offsets.data(), prefix.data(), experts, m_total, tiles_n);
+        kc::ch08::grouped_work(tile, offsets.data(), prefix.data(), experts, m_total, tiles_n, group_m);
     ASSERT_GE(w.expert, 0) << "tile " << tile;
     ASSERT_LT(w.expert, experts) << "tile " << tile;
     const int e = w.expert, begin = offsets[e], end = offsets[e + 1];
@@ -150,11 +151,15 @@ void expect_launch_covers_every_row_once(const std::vector<std::int32_t>& sizes,
     ASSERT_EQ((w.row0 - begin) % 128, 0) << "tile " << tile;
     ASSERT_GE(w.n_tile, 0) << "tile " << tile;
     ASSERT_LT(w.n_tile, tiles_n) << "tile " << tile;
-    // The order is Chapter 5's grouped order with Chapter 7's band height.
-    const kc::ch05::TileCoord at =
-        kc::ch05::expert_grouped_tile(tile, prefix.data(), experts, tiles_n, kc::ch08::kGroupM);
+    // The order is Chapter 5's grouped order with the band height asked for (Chapter 7's by default).
+    const kc::ch05::TileCoord at = kc::ch05::expert_grouped_tile(tile, prefix.data(), experts, tiles_n, group_m);
     ASSERT_EQ(at.m_tile, prefix[e] + (w.row0 - begin) / 128) << "tile " << tile;
     ASSERT_EQ(at.n_tile, w.n_tile) << "tile " << tile;
+    if (group_m == 1) {  // row by row: the n-tile runs fastest
+      const int local = tile - prefix[e] * tiles_n;
+      ASSERT_EQ(w.n_tile, local % tiles_n) << "tile " << tile;
+      ASSERT_EQ((w.row0 - begin) / 128, local / tiles_n) << "tile " << tile;
+    }
     const int last = std::min(w.row0 + 128, w.row_end);
     for (int r = w.row0; r < last; ++r) ++hits[static_cast<std::size_t>(r) * tiles_n + w.n_tile];
   }
@@ -187,6 +192,8 @@ TEST(HopperGroupedTiles, WorkCoversEveryRowOfEveryExpertOnce) {
       for (int extra : {0, 37}) {
         SCOPED_TRACE(name + ", tiles_n " + std::to_string(tiles_n) + ", extra rows " + std::to_string(extra));
         expect_launch_covers_every_row_once(sizes, tiles_n, extra);
+        if (HasFatalFailure()) return;
+        expect_launch_covers_every_row_once(sizes, tiles_n, extra, 1);  // the row-major order of the benchmark
         if (HasFatalFailure()) return;
       }
     }
@@ -364,6 +371,17 @@ TEST_F(HopperGroupedRules, AcceptsAValidLaunch) {
       << "M_total = 0: a, c and row_scale may be null";
 }
 
+TEST_F(HopperGroupedRules, TheOrderProbeNeedsABandOfAtLeastOneMTile) {
+  for (int group_m : {0, -1}) {
+    expect_invalid_argument(
+        [&] {
+          kc::ch08::detail::grouped_gemm_hopper_ordered(kc::ch08::kAfterStep, group_m, shape, m.a, m.w, m.c, m.offsets,
+                                                        epilogue, m.workspace, bytes, nullptr);
+        },
+        "group_m (" + std::to_string(group_m) + ") must be at least 1");
+  }
+}
+
 TEST_F(HopperGroupedRules, Chapter5RulesStillApply) {
   auto bad = [&](GroupedGemmShape s, const std::string& rule) {
     expect_invalid_argument([&] { validate_with(s, m.c, m.workspace); }, rule);
@@ -430,7 +448,7 @@ TEST_F(HopperGroupedRules, EpilogueAndStepValues) {
     expect_invalid_argument([&] { validate(); }, "epilogue.kind (" + std::to_string(kind) + ") is not an EpilogueKind");
   }
   epilogue = {};
-  for (int step : {-1, 3, 7}) {
+  for (int step : {-1, 4, 7}) {
     expect_invalid_argument([&] { validate(static_cast<GroupedStep>(step)); },
                             "step (" + std::to_string(step) + ") is not a GroupedStep");
   }
@@ -533,11 +551,17 @@ TEST(HopperGroupedSteps, Names) {
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::masked_store), "step1_masked_store");
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::device_tensor_maps), "step2_device_tensor_maps");
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::ragged_tensor_map), "step3_ragged_tensor_map");
-  EXPECT_EQ(kc::ch08::kAfterStep, GroupedStep::ragged_tensor_map);
+  EXPECT_STREQ(kc::ch08::to_string(GroupedStep::a_evict_last), "step4_a_evict_last");
+  EXPECT_EQ(kc::ch08::kAfterStep, GroupedStep::a_evict_last);
   EXPECT_FALSE(kc::ch08::uses_tma_store(GroupedStep::masked_store));
   EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::device_tensor_maps));
   EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::ragged_tensor_map));
-  for (int step : {-1, 3, 100}) {
+  EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::a_evict_last));
+  EXPECT_FALSE(kc::ch08::uses_ragged_map(GroupedStep::masked_store));
+  EXPECT_FALSE(kc::ch08::uses_ragged_map(GroupedStep::device_tensor_maps));
+  EXPECT_TRUE(kc::ch08::uses_ragged_map(GroupedStep::ragged_tensor_map));
+  EXPECT_TRUE(kc::ch08::uses_ragged_map(GroupedStep::a_evict_last));
+  for (int step : {-1, 4, 100}) {
     expect_invalid_argument([step] { kc::ch08::to_string(static_cast<GroupedStep>(step)); },
                             "step (" + std::to_string(step) + ") is not a GroupedStep");
   }

@@ -16,6 +16,7 @@
 #include "kc/device_buffer.hpp"
 #include "kc/random.hpp"
 #include "kc/reference.hpp"
+#include "kc/sm_clock.hpp"
 #include "kc/test_support.hpp"
 #include "kc/timer.hpp"
 #include "kc/validate.hpp"
@@ -178,6 +179,20 @@ TEST(BenchHelpers, BatchForBytes) {
   EXPECT_EQ(kc::bench::batch_for_bytes(16), 1024);
 }
 
+TEST(BenchHelpers, MedianClock) {
+  EXPECT_EQ(kc::bench::median_mhz({}), 0.0);
+  EXPECT_EQ(kc::bench::median_mhz({1980}), 1980.0);
+  EXPECT_EQ(kc::bench::median_mhz({1755, 1980, 1500}), 1755.0);
+  EXPECT_EQ(kc::bench::median_mhz({1980, 1500, 1700, 1600}), 1650.0);
+}
+
+TEST(BenchHelpers, ClockSamplerWithoutNvmlOrDeviceSaysSo) {
+  // An ordinal no machine has: the sampler is unavailable and reports 0, on any machine.
+  kc::bench::SmClockSampler sampler(1 << 20);
+  EXPECT_FALSE(sampler.available());
+  EXPECT_EQ(sampler.stop(), 0.0);
+}
+
 TEST(NoGpu, AnUnreachableArchitectureAlwaysGivesAReason) {
   // Without a GPU the reason names the failed query; with one, sm_99.0 is never met and the reason
   // names what is needed. Either way the caller gets a sentence, never an exception.
@@ -216,6 +231,17 @@ __global__ void spin_kernel(float* out, int iterations) {
   float x = threadIdx.x;
   for (int i = 0; i < iterations; ++i) x = x * 0.999f + 1.0f;
   if (threadIdx.x == 0) out[blockIdx.x] = x;
+}
+
+TEST_F(HarnessGpu, ClockSamplerReadsTheSmClockWhileWorkRuns) {
+  kc::bench::SmClockSampler sampler(0);
+  if (!sampler.available()) GTEST_SKIP() << "NVML (libnvidia-ml.so.1) does not answer for device 0";
+  kc::DeviceBuffer<float> out(1);
+  spin_kernel<<<1, 32>>>(out.data(), 20000000);
+  kc::check(cudaDeviceSynchronize());
+  const double mhz = sampler.stop();
+  EXPECT_GT(mhz, 100.0);
+  EXPECT_LE(mhz, 1.05 * static_cast<double>(device().sm_clock_max_mhz));
 }
 
 TEST_F(HarnessGpu, EventTimerMeasuresBatchesAndGraphs) {

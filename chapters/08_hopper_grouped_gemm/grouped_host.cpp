@@ -43,6 +43,7 @@ const char* to_string(GroupedStep step) {
     case GroupedStep::masked_store: return "step1_masked_store";
     case GroupedStep::device_tensor_maps: return "step2_device_tensor_maps";
     case GroupedStep::ragged_tensor_map: return "step3_ragged_tensor_map";
+    case GroupedStep::a_evict_last: return "step4_a_evict_last";
   }
   throw InvalidArgument("step (" + std::to_string(static_cast<int>(step)) + ") is not a GroupedStep");
 }
@@ -127,8 +128,23 @@ void grouped_gemm_hopper_step(GroupedStep step, const GroupedGemmShape& shape, c
                               const __nv_bfloat16* w, __nv_bfloat16* c, const std::int32_t* offsets,
                               const GroupedEpilogue& epilogue, void* workspace, std::size_t workspace_bytes,
                               cudaStream_t stream) {
+  detail::grouped_gemm_hopper_ordered(step, kGroupM, shape, a, w, c, offsets, epilogue, workspace, workspace_bytes,
+                                      stream);
+}
+
+void grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                         __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                         void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  grouped_gemm_hopper_step(kAfterStep, shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
+}
+
+void detail::grouped_gemm_hopper_ordered(GroupedStep step, int group_m, const GroupedGemmShape& shape,
+                                         const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                                         const std::int32_t* offsets, const GroupedEpilogue& epilogue, void* workspace,
+                                         std::size_t workspace_bytes, cudaStream_t stream) {
   // 1. Every rule, before any CUDA call.
   validate_grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, step);
+  if (group_m < 1) throw InvalidArgument("group_m (" + std::to_string(group_m) + ") must be at least 1");
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
   const bool swiglu = epilogue.kind == EpilogueKind::swiglu;
   const std::int64_t n_out = output_columns(shape.n, epilogue.kind);
@@ -145,7 +161,7 @@ void grouped_gemm_hopper_step(GroupedStep step, const GroupedGemmShape& shape, c
   CUtensorMap c_map{};  // step 2: the base of the experts' maps; step 3: the ragged map
   if (step == GroupedStep::device_tensor_maps) {
     c_map = ch07::encode_tensor_map(ch07::bf16_row_major_map(c, shape.m_total, n_out, ch07::kStoreBoxRows), "c");
-  } else if (step == GroupedStep::ragged_tensor_map) {
+  } else if (uses_ragged_map(step)) {
     c_map = encode_ragged_store_map(ragged_store_map(c, n_out));
   }
   auto* tile_prefix = static_cast<std::int32_t*>(workspace);
@@ -166,15 +182,10 @@ void grouped_gemm_hopper_step(GroupedStep step, const GroupedGemmShape& shape, c
   args.experts = shape.experts;
   args.n_out = static_cast<int>(n_out);
   args.tiles_n = grouped_tiles_n(args.n, epilogue.kind);
+  args.group_m = group_m;
   args.paired_stores = n_out % 2 == 0 && kc::aligned_to(c, 4);
   const std::int64_t tile_bound = ch05::max_m_tiles(shape.m_total, shape.experts, kTile.block_m) * args.tiles_n;
   detail::launch_grouped(step, swiglu, a_map, w_map, c_map, args, tile_bound, stream);
-}
-
-void grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                         __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                         void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  grouped_gemm_hopper_step(kAfterStep, shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
 }
 
 }  // namespace kc::ch08

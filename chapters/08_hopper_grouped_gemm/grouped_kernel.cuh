@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap c_map, const GroupedArgs args) {
   constexpr bool kTmaStore = uses_tma_store(kStep);
+  constexpr bool kKeepA = kStep == GroupedStep::a_evict_last;
   constexpr EpilogueKind kKind = kSwiglu ? EpilogueKind::swiglu : EpilogueKind::plain;
   constexpr int kConsumerWarps = kTile.consumer_warpgroups * kWarpgroupThreads / 32;
   constexpr int kProducerRegisters = 40;
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   const int tiles = args.tile_prefix[args.experts] * args.tiles_n;
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
   auto work_of = [&args](int tile) {
-    return grouped_work(tile, args.offsets, args.tile_prefix, args.experts, args.m_total, args.tiles_n);
+    return grouped_work(tile, args.offsets, args.tile_prefix, args.experts, args.m_total, args.tiles_n, args.group_m);
   };
 
   if (threadIdx.x == 0) {
@@ -104,15 +105,24 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
       PipelineState p;
+      const std::uint64_t evict_last = ptx::l2_evict_last_policy();
       for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
         const GroupedWork work = work_of(tile);
         const WBoxRows w_rows = w_box_rows(work.expert, work.n_tile, args.n, kKind);
+        // Step 4: an expert of one m-tile reads each W box once, and its A rows once per n-tile, on
+        // other SMs at other times. Its A boxes are loaded evict-last: the L2 keeps them while the
+        // weights stream past, until the expert's last n-tile has read them.
+        const bool keep_a = kKeepA && args.tile_prefix[work.expert + 1] - args.tile_prefix[work.expert] == 1;
         for (int kt = 0; kt < k_tiles; ++kt, p.advance(kTile.stages)) {
           if (p.wrapped) ptx::mbarrier_wait(&empty[p.stage], p.phase ^ 1u);
           // Every box is whole in bytes, zeros included: the stage always receives stage_bytes().
           ptx::mbarrier_arrive_expect_tx(&full[p.stage], kTile.stage_bytes());
           unsigned char* s = stage(p.stage);
-          ptx::tma_load_2d(s, &a_map, &full[p.stage], kt * kBlockK, work.row0);
+          if (keep_a) {
+            ptx::tma_load_2d_hinted(s, &a_map, &full[p.stage], kt * kBlockK, work.row0, evict_last);
+          } else {
+            ptx::tma_load_2d(s, &a_map, &full[p.stage], kt * kBlockK, work.row0);
+          }
           ptx::tma_load_2d(s + kTile.a_box_bytes(), &w_map, &full[p.stage], kt * kBlockK, w_rows.first);
           ptx::tma_load_2d(s + kTile.a_box_bytes() + kWBoxRows * 128, &w_map, &full[p.stage], kt * kBlockK,
                            w_rows.second);
@@ -215,7 +225,7 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
             const void* src = my_staging + box * kStoreBoxBytes;
             if constexpr (kStep == GroupedStep::device_tensor_maps) {
               ptx::tma_store_2d(map, src, col, row0 - (work.row_end - work.expert_rows));
-            } else {
+            } else {  // steps 3 and 4
               const RaggedCoord at = ragged_coord(row0, work.row_end, work.expert_rows);
               ptx::tma_store_3d(map, src, col, at.x, at.y);
             }

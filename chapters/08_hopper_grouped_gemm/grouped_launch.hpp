@@ -11,6 +11,8 @@
 #include <cstdint>
 
 #include "hopper_grouped_gemm.hpp"
+// Angle brackets: the exercise build puts the skeleton's grouped_tiles.hpp first on the include path.
+#include <grouped_tiles.hpp>
 
 namespace kc::ch08::detail {
 
@@ -27,6 +29,7 @@ struct GroupedArgs {
   int experts = 0;                            ///< E
   int n_out = 0;                              ///< columns of C
   int tiles_n = 0;                            ///< n-tiles (grouped_tiles_n)
+  int group_m = kGroupM;                      ///< band height of the tile order (1: row-major)
   bool paired_stores = false;                 ///< step 1: store bf16 pairs as 4-byte words
 };
 
@@ -43,6 +46,15 @@ struct WorkspaceLayout {
   }
 };
 static_assert(sizeof(CUtensorMap) == 128, "a tensor map is 128 bytes");
+
+/// grouped_gemm_hopper_step with the band height of the tile order inside each expert as an argument:
+/// @p group_m m-tiles (the API's order is kGroupM; 1 walks each expert's tiles row by row). The
+/// benchmark's `order_row_major` variant measures with it what the grouped order saves. Throws
+/// kc::InvalidArgument when @p group_m < 1, besides grouped_gemm_hopper_step's rules.
+void grouped_gemm_hopper_ordered(GroupedStep step, int group_m, const GroupedGemmShape& shape, const __nv_bfloat16* a,
+                                 const __nv_bfloat16* w, __nv_bfloat16* c, const std::int32_t* offsets,
+                                 const GroupedEpilogue& epilogue, void* workspace, std::size_t workspace_bytes,
+                                 cudaStream_t stream);
 
 /// Enqueues the prefix kernel: tile_prefix from the offsets and, when @p expert_maps is not null, each
 /// non-empty expert's store map, made from @p c_map (the rank-2 store map of C [m_total, n_out] at
@@ -65,6 +77,10 @@ void launch_step2(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_ma
                   std::int64_t tile_bound, cudaStream_t stream);
 /// Step 3's launcher (step3_ragged_tensor_map.cu), as launch_grouped; @p c_map is the ragged map.
 void launch_step3(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                  const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
+
+/// Step 4's launcher (step4_a_evict_last.cu), as launch_step3.
+void launch_step4(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                   const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
 
 /// True in the build with kernels, false in the stub build.

@@ -72,22 +72,30 @@ struct GroupedEpilogue {
   const float* row_scale = nullptr;         ///< [M_total] on the device (row_scale only)
 };
 
-/// The steps of the chapter, one per way of ending a tile at its expert's last row.
+/// The steps of the chapter: steps 1-3 are the ways of ending a tile at its expert's last row; step 4
+/// keeps step 3's store and changes what the L2 keeps.
 enum class GroupedStep {
   masked_store,        ///< step 1: stores from registers, masked at the expert's end
   device_tensor_maps,  ///< step 2: TMA stores through per-expert maps written on the device
   ragged_tensor_map,   ///< step 3: TMA stores through one rank-3 map that clips at each expert's end
+  a_evict_last,        ///< step 4: step 3, with the A rows of one-m-tile experts loaded evict-last in L2
 };
 
 /// The step grouped_gemm_hopper runs.
-inline constexpr GroupedStep kAfterStep = GroupedStep::ragged_tensor_map;
+inline constexpr GroupedStep kAfterStep = GroupedStep::a_evict_last;
 
 /// The benchmark variant name of @p step: "step1_masked_store", "step2_device_tensor_maps",
-/// "step3_ragged_tensor_map". Throws kc::InvalidArgument for a value that is not a GroupedStep.
+/// "step3_ragged_tensor_map", "step4_a_evict_last". Throws kc::InvalidArgument for a value that is
+/// not a GroupedStep.
 const char* to_string(GroupedStep step);
 
 /// True when @p step stores C through TMA (and so needs n_out a multiple of 8 and c 16-byte aligned).
 __host__ __device__ constexpr bool uses_tma_store(GroupedStep step) { return step != GroupedStep::masked_store; }
+
+/// True when @p step stores through step 3's rank-3 ragged map.
+__host__ __device__ constexpr bool uses_ragged_map(GroupedStep step) {
+  return step == GroupedStep::ragged_tensor_map || step == GroupedStep::a_evict_last;
+}
 
 /// Columns of C: N, or N / 2 for swiglu.
 __host__ __device__ constexpr std::int64_t output_columns(std::int64_t n, EpilogueKind kind) {

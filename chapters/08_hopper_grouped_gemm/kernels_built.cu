@@ -12,6 +12,7 @@ void launch_grouped(GroupedStep step, bool swiglu, const CUtensorMap& a_map, con
     case GroupedStep::masked_store: launch_step1(swiglu, a_map, w_map, args, tile_bound, stream); return;
     case GroupedStep::device_tensor_maps: launch_step2(swiglu, a_map, w_map, args, tile_bound, stream); return;
     case GroupedStep::ragged_tensor_map: launch_step3(swiglu, a_map, w_map, c_map, args, tile_bound, stream); return;
+    case GroupedStep::a_evict_last: launch_step4(swiglu, a_map, w_map, c_map, args, tile_bound, stream); return;
   }
 }
 

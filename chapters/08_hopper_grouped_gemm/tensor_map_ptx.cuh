@@ -1,7 +1,8 @@
 /// @file tensor_map_ptx.cuh
-/// @brief The instructions Chapter 8 adds to Chapter 7's (hopper_ptx.cuh): a rank-3 TMA store, and
-/// the three that write a tensor map on the device and hand it to the copy engine. One wrapper each,
-/// the PTX instruction and nothing else (PTX ISA 9.0: tensormap.replace, fence.proxy.tensormap).
+/// @brief The instructions Chapter 8 adds to Chapter 7's (hopper_ptx.cuh): a rank-3 TMA store, the
+/// three that write a tensor map on the device and hand it to the copy engine, and a TMA load with an
+/// L2 eviction policy. One wrapper each, the PTX instruction and nothing else (PTX ISA 9.0:
+/// tensormap.replace, fence.proxy.tensormap, createpolicy).
 #pragma once
 
 #include <cuda.h>
@@ -48,6 +49,26 @@ __device__ __forceinline__ void fence_tensormap_release() {
 /// of the map (the wrong expert's address or rows).
 __device__ __forceinline__ void fence_tensormap_acquire(const CUtensorMap* map) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(map) : "memory");
+}
+
+/// An L2 cache policy for bytes that other blocks read again later: evict-last over the whole access
+/// (fraction 1.0). The L2 replaces lines loaded under it after lines of the default policy.
+__device__ __forceinline__ std::uint64_t l2_evict_last_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+/// tma_load_2d, with the L2 cache policy @p policy (from createpolicy) for the bytes it reads.
+__device__ __forceinline__ void tma_load_2d_hinted(void* dst, const CUtensorMap* map, std::uint64_t* bar, int col,
+                                                   int row, std::uint64_t policy) {
+  const auto map_address = reinterpret_cast<std::uint64_t>(map);
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;"
+      :
+      : "r"(smem_address(dst)), "l"(map_address), "r"(smem_address(bar)), "r"(col), "r"(row), "l"(policy)
+      : "memory");
 }
 
 }  // namespace kc::ch08::ptx

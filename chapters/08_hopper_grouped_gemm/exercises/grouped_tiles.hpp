@@ -84,10 +84,11 @@ struct GroupedWork {
 /// @param experts E
 /// @param m_total rows of A and C
 /// @param tiles_n n-tiles (grouped_tiles_n)
+/// @param group_m band height in m-tiles (1: row by row)
 __host__ __device__ inline GroupedWork grouped_work(int tile, const std::int32_t* offsets,
                                                     const std::int32_t* tile_prefix, int experts, int m_total,
-                                                    int tiles_n) {
-  const ch05::TileCoord at = ch05::expert_grouped_tile(tile, tile_prefix, experts, tiles_n, kGroupM);
+                                                    int tiles_n, int group_m = kGroupM) {
+  const ch05::TileCoord at = ch05::expert_grouped_tile(tile, tile_prefix, experts, tiles_n, group_m);
   // TODO 1: The tile's expert and rows. Chapter 5's locate() turns the global m-tile into its
   // expert and first row; the expert's offsets, clamped as Chapter 5 clamps them
   // (expert_rows), give the end row the store must stop at and the expert's size.
