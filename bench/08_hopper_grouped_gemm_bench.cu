@@ -219,9 +219,11 @@ void bench_limit(benchmark::State& state, const GroupedCase& cs) {
   kc::EventTimer timer;
   // cuBLAS's GEMMs run back to back in batches of at least kGemmBatchSeconds, as every variant runs:
   // one GEMM timed alone after the copy would run at the higher SM clock that the copy's lower power
-  // leaves, before the power limit pulls the clock down (a 0.7 ms GEMM ran wholly at it).
-  const double gemm_once_s = timer.time_launches(stream, 1, gemm) * 1e-3;
-  const int batch = std::max(1, static_cast<int>(std::ceil(kGemmBatchSeconds / gemm_once_s)));
+  // leaves, before the power limit pulls the clock down (a 0.7 ms GEMM ran wholly at it). The batch
+  // is sized from the FLOPs at 1 PFLOP/s, faster than any Hopper GPU's dense bf16 rate, so it lasts
+  // at least that long and is the same in every repetition (Google Benchmark needs equal counts).
+  const double gemm_flops = 2.0 * static_cast<double>(dense.m) * static_cast<double>(dense.n) * dense.k;
+  const int batch = std::max(1, static_cast<int>(std::ceil(kGemmBatchSeconds / (gemm_flops / 1e15))));
   double copy_floor_s = 0.0, gemm_floor_s = 0.0;
   int device = 0;
   kc::check(cudaGetDevice(&device));
