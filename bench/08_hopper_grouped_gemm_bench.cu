@@ -16,11 +16,12 @@
 // `after` with each expert's tiles walked row by row instead of in bands of 8 m-tiles, to measure what
 // the grouped order saves; the chapter's profile compares the two orders' DRAM bytes),
 // vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx),
-// limit (the case's roofline, measured in the same run: each batch times a device-to-device copy of
-// S = min(fewest bytes / 2, 1 GiB) bytes, taking t_copy, then cuBLAS's GemmEx on one dense matrix of
-// all the experts' rows, rows × N × K, back to back for at least 20 ms, taking t_gemm each; an
-// iteration's time is the longer of fewest bytes / (2 S / t_copy) and t_gemm). pytorch
-// (torch._grouped_mm) comes from tools/pytorch_baselines.py.
+// limit (the case's roofline, measured in the same run: device-to-device copies of S = min(fewest bytes
+// / 2, 1 GiB) bytes back to back for at least 20 ms, taking t_copy each, then cuBLAS's GemmEx on one
+// dense matrix of all the experts' rows, rows × N × K, back to back in batches of at least 20 ms,
+// taking t_gemm each, each kind after a batch of it untimed; an iteration's time is the longer of
+// fewest bytes / (2 S / t_copy) and t_gemm). pytorch (torch._grouped_mm) comes from
+// tools/pytorch_baselines.py.
 //
 // The loop and cuBLAS variants need the group sizes on the host: the benchmark copies the device
 // offsets to the host once, outside the timed region (a framework pays that copy and a synchronisation
@@ -34,8 +35,7 @@
 // limit). Every variant adds sm_clock_mhz: the median of NVML's SM clock sampled every 2 ms while its
 // launches are timed (limit: every 0.25 ms while cuBLAS's dense GEMMs run, the copy left out); absent
 // where NVML does not answer. Every case's weights alone exceed 2 × the 60 MB L2 (805 MB to 15 GB), so
-// one input set is enough; limit's copy (S is at least 500 MB) evicts the L2 before each batch of its
-// GEMMs. The variants' launches take milliseconds: one launch per event pair.
+// one input set is enough. The variants' launches take milliseconds: one launch per event pair.
 //
 // Hopper only: on another GPU, or in a build without sm_90a kernels, the program registers nothing and
 // says why (as Chapter 7's).
@@ -79,8 +79,8 @@ using kc::ch08::GroupedStep;
 
 // limit's copy: S bytes read and S written, S at most this.
 constexpr std::size_t kMaxCopyBytes = std::size_t{1} << 30;
-// limit's dense GEMMs are timed in batches of at least this long (see bench_limit).
-constexpr double kGemmBatchSeconds = 0.02;
+// limit's copies and dense GEMMs are timed in batches of at least this long (see bench_limit).
+constexpr double kSteadyBatchSeconds = 0.02;
 
 std::vector<GroupedCase> benchmark_cases() {
   using kc::ch05::GroupSizes;
@@ -217,33 +217,36 @@ void bench_limit(benchmark::State& state, const GroupedCase& cs) {
   gemm(0);
   kc::check(cudaStreamSynchronize(stream));
   kc::EventTimer timer;
-  // cuBLAS's GEMMs run back to back in batches of at least kGemmBatchSeconds, as every variant runs:
-  // one GEMM timed alone after the copy would run at the higher SM clock that the copy's lower power
-  // leaves, before the power limit pulls the clock down (a 0.7 ms GEMM ran wholly at it). The batch
-  // is sized from the FLOPs at 1 PFLOP/s, faster than any Hopper GPU's dense bf16 rate, so it lasts
-  // at least that long and is the same in every repetition (Google Benchmark needs equal counts).
-  const double gemm_flops = 2.0 * static_cast<double>(dense.m) * static_cast<double>(dense.n) * dense.k;
-  const int batch = std::max(1, static_cast<int>(std::ceil(kGemmBatchSeconds / (gemm_flops / 1e15))));
-  double copy_floor_s = 0.0, gemm_floor_s = 0.0;
+  // Each floor is timed in its own steady state, as every variant runs back to back: the copies in a
+  // batch after a batch of them untimed, then the GEMMs in batches after one untimed. Timed right after
+  // the other kind of work, either runs at the SM clock that work left behind (a 0.7 ms GEMM after a
+  // copy ran wholly at the top clock, before the power limit pulls it down), not the one it settles
+  // at. Batches last at least kSteadyBatchSeconds, sized from rates above any Hopper GPU's (5 TB/s
+  // copies, 1 PFLOP/s bf16), so they are the same in every repetition (Google Benchmark needs that).
+  const double copy_seconds_bound = 2.0 * static_cast<double>(copy_bytes) / 5e12;
+  const double gemm_seconds_bound = 2.0 * static_cast<double>(dense.m) * static_cast<double>(dense.n) * dense.k / 1e15;
+  const int copies = std::max(1, static_cast<int>(std::ceil(kSteadyBatchSeconds / copy_seconds_bound)));
+  const int batch = std::max(1, static_cast<int>(std::ceil(kSteadyBatchSeconds / gemm_seconds_bound)));
+  timer.time_launches(stream, copies, copy);                               // settle
+  const double copy_s = timer.time_launches(stream, copies, copy) * 1e-3;  // per copy
+  const double bytes_s = min_bytes / (2.0 * static_cast<double>(copy_bytes) / copy_s);
+  timer.time_launches(stream, batch, gemm);  // settle
+  double gemm_floor_s = 0.0;
   int device = 0;
   kc::check(cudaGetDevice(&device));
   std::vector<unsigned> gemm_clock;  // the SM clock while cuBLAS's dense GEMMs run
   while (state.KeepRunningBatch(batch)) {
-    // The copy first: it also evicts the L2, so the first GEMM reads its operands from device memory.
-    const double copy_s = timer.time_launches(stream, 1, copy) * 1e-3;
     kc::bench::SmClockSampler clock(device, std::chrono::microseconds(250));
     const double gemm_s = timer.time_launches(stream, batch, gemm) * 1e-3;  // per GEMM
     clock.stop();
     gemm_clock.insert(gemm_clock.end(), clock.samples().begin(), clock.samples().end());
-    const double bytes_s = min_bytes / (2.0 * static_cast<double>(copy_bytes) / copy_s);
-    copy_floor_s += bytes_s * batch;
     gemm_floor_s += gemm_s * batch;
     state.SetIterationTime(std::max(bytes_s, gemm_s) * batch);
   }
   kc::check(cudaStreamDestroy(stream));
   set_case_counters(state, cs, host_offsets);
   const double iterations = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
-  state.counters["copy_floor_us"] = copy_floor_s / iterations * 1e6;
+  state.counters["copy_floor_us"] = bytes_s * 1e6;
   state.counters["gemm_floor_us"] = gemm_floor_s / iterations * 1e6;
   const double gemm_mhz = kc::bench::median_mhz(std::move(gemm_clock));
   if (gemm_mhz > 0.0) state.counters["sm_clock_mhz"] = gemm_mhz;
