@@ -13,7 +13,7 @@
 // step0_ch05_one_launch (Chapter 5's `after`: one launch, grouped order, 128 × 256 mma.sync tile),
 // step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map, step4_a_evict_last
 // (grouped_gemm_hopper_step), after (grouped_gemm_hopper), order_row_major (the G8xM4096 cases only:
-// `after` with each expert's tiles walked row by row instead of in bands of 8 m-tiles, to measure what
+// `after` with each expert's tiles walked row by row instead of in bands of 16 m-tiles, to measure what
 // the grouped order saves; the chapter's profile compares the two orders' DRAM bytes),
 // vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx),
 // limit (the case's roofline, measured in the same run: device-to-device copies of S = min(fewest bytes

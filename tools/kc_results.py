@@ -590,6 +590,8 @@ class ChapterResults:
     files: List[BenchFile]
     metadata: Dict[str, Any]
     has_metadata_file: bool
+    #: chNN_profile.txt, parsed (parse_profile_text): benchmark name -> metric label -> value text
+    profile: Dict[str, Dict[str, str]] = field(default_factory=dict)
 
     @property
     def measurements(self) -> List[Measurement]:
@@ -644,7 +646,24 @@ def load_chapter_results(results_dir: str, chapter_id: str,
     if metadata is None or own:  # the chapter's own run wins over the folder's latest
         metadata = load_metadata(results_dir, chapter_id)
     has_metadata = own or os.path.isfile(os.path.join(results_dir, "metadata.json"))
-    return ChapterResults(chapter_id, [load_benchmark_file(p) for p in paths], metadata, has_metadata)
+    profile = parse_profile_text(read_text(os.path.join(results_dir, chapter_id + "_profile.txt")) or "")
+    return ChapterResults(chapter_id, [load_benchmark_file(p) for p in paths], metadata, has_metadata, profile)
+
+
+def parse_profile_text(text: str) -> Dict[str, Dict[str, str]]:
+    """The metrics of a chNN_profile.txt (tools/kc_profile.py's output, one ``## chNN/variant/case``
+    section per case): benchmark name -> metric label ("DRAM read") -> its text ("16.2 GB"). Where a
+    section lists several kernels, the first kernel's value of a label is kept."""
+    profile: Dict[str, Dict[str, str]] = {}
+    section: Optional[Dict[str, str]] = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = profile.setdefault(line[3:].strip(), {})
+            continue
+        mt = re.match(r"^  (\S.*?)\s{2,}(\S.*)$", line)
+        if section is not None and mt:
+            section.setdefault(mt.group(1), mt.group(2).strip())
+    return profile
 
 
 def chapter_results_dir(results_dir: str, chapter: Optional[Chapter]) -> str:
@@ -1293,6 +1312,24 @@ def counter_text(results: Optional[ChapterResults], name: str) -> str:
     return "%.3g" % value
 
 
+# A metric of the chapter's Nsight Compute profile (chNN_profile.txt), its label with underscores for
+# spaces:  <!-- kc:profile ch08/after/G256xM128_N4096_K7168/DRAM_read -->...<!-- /kc:profile -->.
+_PROFILE_RE = re.compile(r"(<!-- kc:profile (\S+) -->)(.*?)(<!-- /kc:profile -->)")
+
+
+def profile_text(results: Optional[ChapterResults], name: str) -> str:
+    """The text of a kc:profile marker (see _PROFILE_RE): the value as the profile prints it."""
+    fields = name.split("/")
+    if len(fields) != 4 or not re.fullmatch(r"ch\d\d", fields[0]) or not all(fields):
+        raise ResultsError("kc:profile %s: expected chNN/variant/case/metric_label" % name)
+    section = results.profile.get("/".join(fields[:3])) if results is not None else None
+    label = fields[3].replace("_", " ").lower()
+    for key, value in (section or {}).items():
+        if key.lower() == label:
+            return value
+    return "not yet measured"
+
+
 def _split_derived(name: str, parts: int, marker: str) -> Tuple[str, str, List[str]]:
     """Splits ``chNN/case/variant...`` into chapter, case and ``parts`` variants."""
     fields = name.split("/")
@@ -1366,7 +1403,7 @@ def removed_text(results: Optional[ChapterResults], name: str) -> str:
 
 def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
                  others: Optional[Callable[[str], Tuple[Optional[ChapterResults], Optional[Chapter]]]] = None) -> str:
-    """Replaces the content of every inline figure, ratio, counter and removed-share marker in ``text``. A
+    """Replaces the content of every inline figure, ratio, counter, profile and removed-share marker in ``text``. A
     marker names its chapter (``chNN/...``): figures of ``chapter`` come from ``results``, figures
     of another chapter (a lesson quoting an earlier one) from ``others(chapter_id)`` when given."""
     def replace(mt: "re.Match[str]") -> str:
@@ -1401,6 +1438,10 @@ def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
         name = mt.group(2)
         return mt.group(1) + counter_text(results_of(name.split("/", 1)[0], name, "counter"), name) + mt.group(4)
 
+    def replace_profile(mt: "re.Match[str]") -> str:
+        name = mt.group(2)
+        return mt.group(1) + profile_text(results_of(name.split("/", 1)[0], name, "profile"), name) + mt.group(4)
+
     for opening in re.findall(r"<!-- kc:ratio .*? -->", text):
         if not _RATIO_RE.match(opening + "<!-- /kc:ratio -->"):
             raise ResultsError("%s: expected <!-- kc:ratio chNN/case/variant/variant --> with an optional goal "
@@ -1408,6 +1449,7 @@ def fill_figures(text: str, results: Optional[ChapterResults], chapter: Chapter,
     text = _FIGURE_RE.sub(replace, text)
     text = _RATIO_RE.sub(replace_ratio, text)
     text = _COUNTER_RE.sub(replace_counter, text)
+    text = _PROFILE_RE.sub(replace_profile, text)
     return _REMOVED_RE.sub(replace_removed, text)
 
 

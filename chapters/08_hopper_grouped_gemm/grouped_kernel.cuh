@@ -1,8 +1,8 @@
 /// @file grouped_kernel.cuh
 /// @brief The kernel of every step of Chapter 8: Chapter 7's persistent warp-specialized GEMM (step 4's
 /// roles, step 6's staged TMA store) walking the tiles of all experts, each tile's expert found on the
-/// device. The template arguments pick how a tile's store stops at its expert's end (the step) and
-/// whether the epilogue is SwiGLU.
+/// device. The template arguments pick the step (how a tile's store stops at its expert's end; step
+/// 4 also loads the A rows of one-m-tile experts evict-last) and whether the epilogue is SwiGLU.
 ///
 ///   producer warpgroup (one thread)           consumer warpgroups 0 and 1 (64 rows each)
 ///   for each tile t = block, block + grid, ...:   for each tile, the same t:

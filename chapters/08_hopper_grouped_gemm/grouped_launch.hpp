@@ -65,7 +65,7 @@ void launch_expert_prefix(const std::int32_t* offsets, int experts, int m_total,
 
 /// Enqueues the grouped GEMM kernel of @p step on @p stream, a persistent grid of at most one block
 /// per SM and at most @p tile_bound blocks (the most tiles any group sizes could give). @p c_map is
-/// step 3's rank-3 ragged map (ignored by steps 1 and 2). @p swiglu picks the SwiGLU epilogue.
+/// steps 3 and 4's rank-3 ragged map (ignored by steps 1 and 2). @p swiglu picks the SwiGLU epilogue.
 void launch_grouped(GroupedStep step, bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map,
                     const CUtensorMap& c_map, const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
 

@@ -13,14 +13,17 @@
 ///   - swiglu:     C[r][j] = silu(acc[j]) · acc[N/2 + j]       (n_out = N / 2; W[e] is [gate; up])
 ///   - row_scale:  C[r] = row_scale[r] · acc                   (n_out = N; the routing weight)
 ///
-/// The steps (each its own kernel and benchmark variant), one per way of stopping a tile at its
-/// expert's last row; all three share the persistent warp-specialized kernel (grouped_kernel.cuh):
+/// The steps (each its own kernel and benchmark variant): the first three are the ways of stopping a
+/// tile at its expert's last row, the fourth what the L2 keeps; all share the persistent
+/// warp-specialized kernel (grouped_kernel.cuh):
 ///   1. step1_masked_store.cu       one tensor map over A and one over W; a tile's loads may run past its
 ///                                  expert (harmless), and its stores go from registers, masked.
 ///   2. step2_device_tensor_maps.cu a store map per expert, written on the device by the prefix kernel
 ///                                  (tensormap.replace, proxy fences): TMA clips the store at the expert's end.
 ///   3. step3_ragged_tensor_map.cu  one rank-3 store map whose extra dimension makes TMA's own bounds
 ///                                  check end each expert (no device writes, no fences).
+///   4. step4_a_evict_last.cu       step 3, with the A rows of experts of one m-tile loaded evict-last
+///                                  in L2, so the weights streaming past do not push them out.
 /// The chapter's `after` (grouped_gemm_hopper) runs kAfterStep.
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):

@@ -810,6 +810,42 @@ class CounterMarkerTest(unittest.TestCase):
                          "w <!-- kc:counter ch06/after/caseA/waves -->2<!-- /kc:counter --> z")
 
 
+class ProfileMarkerTest(unittest.TestCase):
+    """kc:profile: a metric of the chapter's Nsight Compute profile, read from chNN_profile.txt."""
+
+    PROFILE = ("## ch08/after/caseA\n"
+               "kernel 0: void k<3, 0>(...)  [grid (132, 1, 1), block (384, 1, 1)]\n"
+               "  duration                      5.35 ms\n"
+               "  DRAM read                     16.2 GB\n"
+               "kernel 1: void other(...)\n"
+               "  DRAM read                     1.00 GB\n"
+               "## ch08/before/caseA\n"
+               "  SM clock                      1.83 GHz\n")
+
+    def test_sections_and_labels_are_parsed(self):
+        profile = kr.parse_profile_text(self.PROFILE)
+        self.assertEqual(profile["ch08/after/caseA"], {"duration": "5.35 ms", "DRAM read": "16.2 GB"})
+        self.assertEqual(profile["ch08/before/caseA"], {"SM clock": "1.83 GHz"})
+        self.assertEqual(kr.parse_profile_text(""), {})
+
+    def test_marker_is_filled_from_the_profile(self):
+        r = kr.ChapterResults("ch08", [], {}, True, kr.parse_profile_text(self.PROFILE))
+        self.assertEqual(kr.profile_text(r, "ch08/after/caseA/DRAM_read"), "16.2 GB")
+        self.assertEqual(kr.profile_text(r, "ch08/after/caseA/dram_read"), "16.2 GB")
+        self.assertEqual(kr.profile_text(r, "ch08/after/caseA/L2_hit_rate"), "not yet measured")
+        self.assertEqual(kr.profile_text(r, "ch08/step1/caseA/DRAM_read"), "not yet measured")
+        self.assertEqual(kr.profile_text(None, "ch08/after/caseA/DRAM_read"), "not yet measured")
+        with self.assertRaises(kr.ResultsError):
+            kr.profile_text(r, "ch08/after/caseA")
+        ch08 = kr.Chapter(id="ch08", dir="08_hopper_grouped_gemm", title="Grouped", metric="flops")
+        text = "a <!-- kc:profile ch08/after/caseA/SM_clock -->x<!-- /kc:profile --> b"
+        self.assertEqual(kr.fill_figures(text, r, ch08), "a <!-- kc:profile ch08/after/caseA/SM_clock -->"
+                         "not yet measured<!-- /kc:profile --> b")
+        text = "a <!-- kc:profile ch08/before/caseA/SM_clock -->x<!-- /kc:profile --> b"
+        self.assertEqual(kr.fill_figures(text, r, ch08), "a <!-- kc:profile ch08/before/caseA/SM_clock -->"
+                         "1.83 GHz<!-- /kc:profile --> b")
+
+
 class PlottedCasesTest(unittest.TestCase):
     """Cases without a throughput (only counters, like Chapter 4's warp-primitive costs) are left
     out of the plot and kept in the table."""
