@@ -354,6 +354,9 @@ class Chapter:
     # The results folder this chapter is read from, a sibling of the one the README and lessons are
     # generated from (Chapter 8: "h100", measured only there); None: that folder itself.
     results_gpu: Optional[str] = None
+    # The cases the lesson's results block shows (the chapter's page in the results folder shows them
+    # all); None: every case.
+    lesson_cases: Optional[Tuple[str, ...]] = None
 
 
 def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
@@ -384,6 +387,10 @@ def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
                                         or results_gpu in (".", "..")):
             raise ResultsError("%s: %s results_gpu %r must be the name of a folder beside the results folder, "
                                "e.g. \"h100\"" % (path, item["id"], results_gpu))
+        lesson_cases = item.get("lesson_cases")
+        if lesson_cases is not None and (not isinstance(lesson_cases, list) or not lesson_cases
+                                         or not all(isinstance(c, str) and c for c in lesson_cases)):
+            raise ResultsError("%s: %s lesson_cases must be a non-empty list of case labels" % (path, item["id"]))
         chapters.append(Chapter(
             id=item["id"], dir=item["dir"], title=item["title"],
             headline_case=headline.get("case"),
@@ -393,6 +400,7 @@ def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
             reference_label=headline.get("reference_label"),
             baseline=item.get("baseline", "before"),
             results_gpu=results_gpu,
+            lesson_cases=tuple(lesson_cases) if lesson_cases is not None else None,
         ))
     return chapters
 
@@ -800,7 +808,7 @@ def _kernel_cell(item: str) -> str:
     return "`%s`" % name if count is None else "`%s`%s%s" % (name, KERNEL_REPEAT, count)
 
 
-def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
+def _baseline_kernel_lines(results: ChapterResults, shown: Optional[Sequence[str]] = None) -> List[str]:
     """What the baseline rows ran: for each baseline file (chNN_pytorch.json) whose entries carry
     the kernels one call launched (their label), a table of the distinct kernel sequences (a kernel
     launched n times in a row shown once with "× n") and the cases that ran each, then a line naming
@@ -812,6 +820,8 @@ def _baseline_kernel_lines(results: ChapterResults) -> List[str]:
         variants = set()
         for m in bench_file.measurements:
             if m.chapter != results.chapter_id or not m.measured or not m.label or m.case is None:
+                continue
+            if shown is not None and m.case not in shown:
                 continue
             cases = runs.setdefault(m.label, [])
             if m.case not in cases:  # two variants of one case (pytorch, pytorch_eager) ran the same call
@@ -850,10 +860,12 @@ def _waits_on_the_host(label: str) -> bool:
     return any(k.startswith(DEVICE_TO_HOST_COPY) for k in label.split(KERNEL_SEPARATOR))
 
 
-def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] = None) -> str:
+def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] = None,
+                            shown: Optional[Sequence[str]] = None) -> str:
     """The generated Markdown page of one chapter: a provenance comment, a heading, the run
     context, one table (rows grouped by case, in natural order; variants in course order), what the
-    baseline rows ran where their files say, and what was not measured."""
+    baseline rows ran where their files say, and what was not measured. ``shown``: only these cases
+    (a lesson's lesson_cases); None: all."""
     metric = table_metric(chapter, results)
     sources = [f.source for f in results.files]
     if results.has_metadata_file:
@@ -871,7 +883,7 @@ def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] 
     lines += _run_lines(results)
     lines.append("")
 
-    measured = [m for m in results.measurements if m.measured]
+    measured = [m for m in results.measurements if m.measured and (shown is None or m.case in shown)]
     if metric == "flops":
         unit_header = "TFLOP/s"
         explain = ("TFLOP/s counts the case's useful floating-point operations. \"× limit\" is that over "
@@ -927,8 +939,8 @@ def render_chapter_markdown(results: ChapterResults, chapter: Optional[Chapter] 
                     vendor_cell,
                     DASH if speedup is None else "%.2f×" % speedup,
                 ))
-    lines += _baseline_kernel_lines(results)
-    failed = [m for m in results.measurements if not m.measured]
+    lines += _baseline_kernel_lines(results, shown)
+    failed = [m for m in results.measurements if not m.measured and (shown is None or m.case in shown)]
     if failed:
         lines += ["", "Not measured:", ""]
         for m in sorted(failed, key=lambda m: (natural_key(m.case or ""), variant_key(m.variant or ""))):
@@ -1226,7 +1238,14 @@ def render_lesson_block(results_dir: str, lesson: str, chapter: Chapter) -> str:
     if results is None:
         return ("Not yet measured: run `tools/gpu_suite.sh %s` on a GPU machine and import its archive "
                 "(`tools/import_gpu_run.sh`).\n" % chapter.id)
-    page = render_chapter_markdown(results, chapter).splitlines()
+    shown = chapter.lesson_cases
+    if shown is not None:
+        known = {m.case for m in results.measurements}
+        missing = [c for c in shown if c not in known]
+        if missing:
+            raise ResultsError("%s lesson_cases: %s not in %s/%s_bench.json"
+                               % (chapter.id, ", ".join(missing), folder, chapter.id))
+    page = render_chapter_markdown(results, chapter, shown).splitlines()
     body = [line for line in page if not line.startswith("<!-- Generated") and not line.startswith("# ")]
     while body and not body[0].strip():
         body.pop(0)
@@ -1237,6 +1256,9 @@ def render_lesson_block(results_dir: str, lesson: str, chapter: Chapter) -> str:
                   "this run (a variant against `before`, the vendor or `limit` of the same case), not times "
                   "across GPUs." % (folder_gpu(folder, results), rel, folder_gpu(results_dir)), ""]
     lines += body
+    if shown is not None:
+        lines += ["", "This table shows %d of the run's %d cases; [%s.md](%s/%s.md) has every case."
+                  % (len(shown), len({m.case for m in results.measurements}), chapter.id, rel, chapter.id)]
     if os.path.isfile(os.path.join(folder, chapter.id + ".png")):
         lines += ["", "![%s results](%s/%s.png)" % (chapter.id, rel, chapter.id)]
     profile = read_text(os.path.join(folder, chapter.id + "_profile.txt"))

@@ -810,6 +810,39 @@ class CounterMarkerTest(unittest.TestCase):
                          "w <!-- kc:counter ch06/after/caseA/waves -->2<!-- /kc:counter --> z")
 
 
+class LessonCasesTest(unittest.TestCase):
+    """lesson_cases: a lesson's results block shows only the chosen cases and points to the full page."""
+
+    def test_block_keeps_the_chosen_cases(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = make_results_dir(os.path.join(tmp, "results"))
+            lesson = os.path.join(tmp, "chapters", "01_vector_add", "README.md")
+            chapter = fixture_chapters()[0]
+            full = kr.render_lesson_block(root, lesson, chapter)
+            all_cases = {case for case, _, _ in table_rows(full)}
+            self.assertGreater(len(all_cases), 1)
+            chapter.lesson_cases = ("fp32_N1048576",)
+            block = kr.render_lesson_block(root, lesson, chapter)
+            self.assertEqual({case for case, _, _ in table_rows(block) if case.startswith("fp32")}, {"fp32_N1048576"})
+            self.assertIn("This table shows 1 of the run's %d cases; [ch01.md](" % len(all_cases), block)
+            self.assertLess(len(block.splitlines()), len(full.splitlines()))
+            chapter.lesson_cases = ("fp32_N1048576", "fp32_N7")
+            with self.assertRaisesRegex(kr.ResultsError, "ch01 lesson_cases: fp32_N7 not in"):
+                kr.render_lesson_block(root, lesson, chapter)
+
+    def test_chapters_json_rule(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "chapters.json")
+            for bad in ([], "fp32_N1", [""], [3]):
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump([{"id": "ch01", "dir": "01_x", "title": "X", "lesson_cases": bad}], f)
+                with self.assertRaisesRegex(kr.ResultsError, "lesson_cases must be a non-empty list"):
+                    kr.load_chapters(path)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump([{"id": "ch01", "dir": "01_x", "title": "X", "lesson_cases": ["a", "b"]}], f)
+            self.assertEqual(kr.load_chapters(path)[0].lesson_cases, ("a", "b"))
+
+
 class ProfileMarkerTest(unittest.TestCase):
     """kc:profile: a metric of the chapter's Nsight Compute profile, read from chNN_profile.txt."""
 
