@@ -45,7 +45,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from kc_results import GRAPH_REPLAY_TIMING, KERNEL_REPEAT, KERNEL_SEPARATOR  # the reader owns these formats
 
@@ -285,7 +285,7 @@ class Env:
     # the GPU); set only by the --kernels pass, None when timing.
     kernel_names: Optional[Callable[[Callable[[], Any]], List[str]]] = None
     # The folder of the C++ benchmarks' chNN_bench.json (--out): a baseline may read what they record
-    # there (Chapter 8's group sizes). None: nothing to read.
+    # there (the group sizes of Chapters 8 and 9). None: nothing to read.
     bench_dir: Optional[str] = None
 
 
@@ -875,15 +875,29 @@ def bench_group_sizes(path: str) -> Dict[str, List[int]]:
             if key.startswith(GROUP_SIZES_KEY) and isinstance(value, str)}
 
 
+# The group sizes kind of a case whose sizes come from a C++ benchmark's routing of random tokens
+# (Chapter 9's decode cases): only its JSON has them, ch05_group_sizes cannot compute them.
+ROUTED_KIND = "routed"
+
+
 def grouped_case_sizes(cases: Sequence[Any], recorded: Dict[str, List[int]],
                        log: Callable[[str], None] = print) -> Dict[str, List[int]]:
     """Each case's group sizes: those the C++ benchmark recorded (``recorded``, from
     bench_group_sizes), else ch05_group_sizes's, which repeat kc::ch05::group_sizes. A recorded size
-    list that differs from the computed one is used, with a log line saying so."""
+    list that differs from the computed one is used, with a log line saying so. A routed case
+    (ROUTED_KIND) has its recorded sizes (a log line where their experts or rows are not the case's)
+    or no entry (routed_case_skip_reason says why)."""
     out = {}
     for label, kind, experts, rows, _, _ in cases:
-        computed = ch05_group_sizes(kind, experts, rows)
         sizes = recorded.get(label)
+        if kind == ROUTED_KIND:
+            if sizes is not None and (len(sizes) != experts or sum(sizes) != rows):
+                log("%s: the C++ benchmark's group sizes (%d experts, %d rows) are not the case's %d experts, "
+                    "%d rows; timing the benchmark's" % (label, len(sizes), sum(sizes), experts, rows))
+            if sizes is not None:
+                out[label] = sizes
+            continue
+        computed = ch05_group_sizes(kind, experts, rows)
         if sizes is not None and sizes != computed:
             log("%s: the C++ benchmark's group sizes (%d experts, %d rows) differ from %s over %d rows; "
                 "timing the benchmark's" % (label, len(sizes), sum(sizes), kind, rows))
@@ -891,19 +905,78 @@ def grouped_case_sizes(cases: Sequence[Any], recorded: Dict[str, List[int]],
     return out
 
 
+def recorded_group_sizes(env: Env, chapter: str) -> Tuple[Dict[str, List[int]], Optional[str]]:
+    """The group sizes ``chapter``'s C++ benchmark recorded in ``chNN_bench.json`` in ``env.bench_dir``
+    (bench_group_sizes), with a log line saying whether the cases take them; and, where there was
+    nothing to read, why: no folder given, no file, or a file that cannot be read (also logged).
+    The reason is None for a file that was read, recorded sizes or not."""
+    name = "%s_bench.json" % chapter
+    recorded: Dict[str, List[int]] = {}
+    unread: Optional[str] = "no folder of C++ benchmark results to read %s from" % name
+    if env.bench_dir:
+        path = os.path.join(env.bench_dir, name)
+        unread = None if os.path.isfile(path) else "%s not found (no C++ benchmark run before this one)" % path
+        try:
+            recorded = bench_group_sizes(path)
+        except (OSError, ValueError) as e:  # e.g. the file of a benchmark run that stopped half-way
+            unread = "cannot read the group sizes in %s (%s)" % (path, e)
+            env.log("%s: %s" % (chapter, unread))
+    env.log("%s: group sizes %s" % (chapter, "from %s" % name if recorded else "computed as kc::ch05::group_sizes"))
+    return recorded, unread
+
+
 @baseline("ch08")
 def ch08_hopper_grouped_gemm(env: Env) -> List[CaseResult]:
     """Chapter 5's ``torch._grouped_mm`` baseline on Chapter 8's cases, with the group sizes that
     ``ch08_bench.json`` in ``env.bench_dir`` recorded where it exists."""
-    recorded: Dict[str, List[int]] = {}
-    if env.bench_dir:
-        path = os.path.join(env.bench_dir, "ch08_bench.json")
-        try:
-            recorded = bench_group_sizes(path)
-        except (OSError, ValueError) as e:  # e.g. the file of a benchmark run that stopped half-way
-            env.log("ch08: cannot read the group sizes in %s (%s)" % (path, e))
-    env.log("ch08: group sizes %s" % ("from ch08_bench.json" if recorded else "computed as kc::ch05::group_sizes"))
+    recorded, _ = recorded_group_sizes(env, "ch08")
     return _grouped_mm_baseline(env, "ch08", CH08_CASES, grouped_case_sizes(CH08_CASES, recorded, env.log))
+
+
+def _time_grouped_case(env: Env, chapter: str, variant: str, label: str, sizes: Sequence[int], n: int, k: int,
+                       generator: Any, op: str,
+                       launch_of: Callable[[Any, Any], Callable[[], Any]]) -> Optional[CaseResult]:
+    """Times one grouped GEMM case as ``chapter``'s ``variant``: bf16 A [rows, K] and W [E, N, K]
+    (E = len(sizes), rows = sum(sizes)) uniform in [-1, 1) from ``generator``; ``launch_of(a, w)``
+    gives the call to time, ``op`` its name in log lines, whose output seen as [rows, N] holds the
+    experts' rows in order. One expert's rows are checked against a plain matmul before any timing
+    (RuntimeError if they differ). None, with a log line, where the case needs more than 80 % of the
+    free memory or the call raises a RuntimeError on it (e.g. ``torch._grouped_mm`` before sm_90)."""
+    torch = env.torch
+    name = chapter if variant == "pytorch" else "%s %s" % (chapter, variant)
+    experts, rows = len(sizes), sum(sizes)
+    free, _ = torch.cuda.mem_get_info()
+    need = 2.0 * (experts * n * k + rows * (n + k))
+    if need > 0.8 * free:
+        env.log("%s %s: needs %.1f GB, %.1f GB free; skipped" % (name, label, need / 1e9, free / 1e9))
+        return None
+    a = torch.empty(rows, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0, generator=generator)
+    w = torch.empty(experts, n, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0, generator=generator)
+    launch = launch_of(a, w)
+    try:
+        out = launch().reshape(rows, n)
+        # Check one expert's rows against a plain matmul before any timing.
+        e = max(range(experts), key=lambda i: sizes[i])
+        r0 = sum(sizes[:e])
+        want = a[r0:r0 + sizes[e]].float() @ w[e].float().t()
+        err = (out[r0:r0 + sizes[e]].float() - want).norm() / want.norm()
+        if not err < 1e-2:
+            raise RuntimeError("%s differs from matmul by %.3g for %s" % (op, err, label))
+    except RuntimeError as error:
+        if "differs" in str(error):
+            raise
+        env.log("%s %s: %s rejected the case (%s); skipped" % (name, label, op, error))
+        del a, w, launch
+        torch.cuda.empty_cache()
+        return None
+    timed = time_samples(env, [launch], 1)
+    result = CaseResult(chapter=chapter, case=label, variant=variant, times_s=timed["times"],
+                        cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], min_bytes=ch05_min_bytes(sizes, n, k),
+                        flop_count=2.0 * rows * n * k, counters={"launches_per_batch": 1.0, "rotating_sets": 1.0})
+    env.log("%s %s: median %.1f us per launch" % (name, label, statistics.median(timed["times"]) * 1e6))
+    del a, w, launch, out, want, err
+    torch.cuda.empty_cache()
+    return result
 
 
 def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any],
@@ -920,45 +993,85 @@ def _grouped_mm_baseline(env: Env, chapter: str, cases: Sequence[Any],
     results = []
     for label, kind, experts, rows, n, k in cases:
         sizes = sizes_of[label] if sizes_of and label in sizes_of else ch05_group_sizes(kind, experts, rows)
-        experts, rows = len(sizes), sum(sizes)
-        free, _ = torch.cuda.mem_get_info()
-        need = 2.0 * (experts * n * k + rows * (n + k))
-        if need > 0.8 * free:
-            env.log("%s %s: needs %.1f GB, %.1f GB free; skipped" % (chapter, label, need / 1e9, free / 1e9))
-            continue
-        a = torch.empty(rows, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0, generator=generator)
-        w = torch.empty(experts, n, k, device=env.device, dtype=torch.bfloat16).uniform_(-1.0, 1.0,
-                                                                                         generator=generator)
-        ends = torch.tensor(sizes, device=env.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        w_kn = w.transpose(-2, -1)
 
-        def launch(a: Any = a, w_kn: Any = w_kn, ends: Any = ends) -> Any:
-            return torch._grouped_mm(a, w_kn, offs=ends)
-        try:
-            out = launch()
-            # Check one expert's rows against a plain matmul before any timing.
-            e = max(range(experts), key=lambda i: sizes[i])
-            r0 = sum(sizes[:e])
-            want = a[r0:r0 + sizes[e]].float() @ w[e].float().t()
-            err = (out[r0:r0 + sizes[e]].float() - want).norm() / want.norm()
-            if not err < 1e-2:
-                raise RuntimeError("torch._grouped_mm differs from matmul by %.3g for %s" % (err, label))
-        except RuntimeError as error:
-            if "differs" in str(error):
-                raise
-            env.log("%s %s: torch._grouped_mm rejected the case (%s); skipped" % (chapter, label, error))
-            del a, w, ends, w_kn
-            torch.cuda.empty_cache()
-            continue
-        timed = time_samples(env, [launch], 1)
-        results.append(CaseResult(chapter=chapter, case=label, times_s=timed["times"],
-                                  cpu_times_s=timed["cpu_times"], kernels=timed["kernels"],
-                                  min_bytes=ch05_min_bytes(sizes, n, k),
-                                  flop_count=2.0 * rows * n * k,
-                                  counters={"launches_per_batch": 1.0, "rotating_sets": 1.0}))
-        env.log("%s %s: median %.1f us per launch" % (chapter, label, statistics.median(timed["times"]) * 1e6))
-        del a, w, ends, w_kn, out
-        torch.cuda.empty_cache()
+        def launch_of(a: Any, w: Any, sizes: Sequence[int] = sizes) -> Callable[[], Any]:
+            ends = torch.tensor(sizes, device=env.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            w_kn = w.transpose(-2, -1)
+            return lambda: torch._grouped_mm(a, w_kn, offs=ends)
+        result = _time_grouped_case(env, chapter, "pytorch", label, sizes, n, k, generator, "torch._grouped_mm",
+                                    launch_of)
+        if result is not None:
+            results.append(result)
+    return results
+
+
+# Chapter 9's cases (bench/09_swap_ab_decode_bench.cu), (label, kind, experts, rows, N, K) as Chapter
+# 5's: decode-sized groups of DeepSeek-V3 up (32 experts of 1-256 rows), T decode tokens routed top-8
+# over DeepSeek-V3's 256 experts (T · 8 rows; the C++ benchmark's routing gives the sizes), Mixtral's
+# gate and up (8 experts, N = 2 x 14336, K = 4096) and Qwen3-30B-A3B's (128 experts, N = 2 x 768).
+CH09_CASES = ([("G32xM%d_N4096_K7168" % m, "uniform", 32, 32 * m, 4096, 7168)
+               for m in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+              + [("dsv3_decode_T%d_E256_k8_N4096_K7168" % t, ROUTED_KIND, 256, 8 * t, 4096, 7168)
+                 for t in (1, 8, 32, 128)]
+              + [("G8xM%d_N28672_K4096" % m, "uniform", 8, 8 * m, 28672, 4096) for m in (1, 4, 16, 64)]
+              + [("G128xM%d_N1536_K2048" % m, "uniform", 128, 128 * m, 1536, 2048) for m in (1, 4, 16)])
+
+
+def routed_case_skip_reason(label: str, kind: str, recorded: Dict[str, List[int]], bench_json: str,
+                            unread: Optional[str] = None) -> Optional[str]:
+    """Why a case cannot be timed, or None: a routed case (ROUTED_KIND), whose group sizes only the
+    C++ benchmark's routing gives, without sizes in ``recorded`` (bench_group_sizes of the file named
+    ``bench_json``) is skipped, for ``unread`` where that file gave nothing to read
+    (recorded_group_sizes), else for the key missing from it. A case of another kind is never
+    skipped: ch05_group_sizes computes its sizes where none are recorded."""
+    if kind != ROUTED_KIND or label in recorded:
+        return None
+    return unread or "%s records no %s%s" % (bench_json, GROUP_SIZES_KEY, label)
+
+
+def equal_groups(sizes: Sequence[int]) -> bool:
+    """Whether every group has the same number of rows, more than 0: A is then [E, M, K] and
+    ``torch.bmm`` runs the grouped GEMM."""
+    return bool(sizes) and sizes[0] > 0 and all(s == sizes[0] for s in sizes)
+
+
+@baseline("ch09")
+def ch09_swap_ab_decode(env: Env) -> List[CaseResult]:
+    """Chapter 5's ``torch._grouped_mm`` baseline (variant ``pytorch``) on Chapter 9's decode cases,
+    and, where all groups are equal, ``torch.bmm(a.view(E, M, K), w.transpose(-2, -1))`` (variant
+    ``pytorch_bmm``, C [E, M, N]), with the group sizes that ``ch09_bench.json`` in ``env.bench_dir``
+    recorded where it exists. A routed case without recorded sizes is skipped with a log line."""
+    recorded, unread = recorded_group_sizes(env, "ch09")
+    cases = []
+    for case in CH09_CASES:
+        reason = routed_case_skip_reason(case[0], case[1], recorded, "ch09_bench.json", unread)
+        if reason is None:
+            cases.append(case)
+        else:
+            env.log("ch09 %s: %s; skipped" % (case[0], reason))
+    sizes_of = grouped_case_sizes(cases, recorded, env.log)
+    results = _grouped_mm_baseline(env, "ch09", cases, sizes_of)
+    return results + _bmm_baseline(env, "ch09", [c for c in cases if equal_groups(sizes_of[c[0]])], sizes_of)
+
+
+def _bmm_baseline(env: Env, chapter: str, cases: Sequence[Any], sizes_of: Dict[str, List[int]]) -> List[CaseResult]:
+    """Times ``torch.bmm`` on ``cases`` ((label, kind, experts, rows, N, K) tuples, equal groups
+    ``sizes_of[label]``: equal_groups) as ``chapter``'s pytorch_bmm variant: A [E · M, K] seen as
+    [E, M, K] times W [E, N, K] seen as [E, K, N], C [E, M, N]; counted and checked as
+    _grouped_mm_baseline's cases are."""
+    torch = env.torch
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed)
+    results = []
+    for label, _, _, _, n, k in cases:
+        sizes = sizes_of[label]
+
+        def launch_of(a: Any, w: Any, experts: int = len(sizes), m: int = sizes[0], k: int = k) -> Callable[[], Any]:
+            a_emk, w_kn = a.view(experts, m, k), w.transpose(-2, -1)
+            return lambda: torch.bmm(a_emk, w_kn)
+        result = _time_grouped_case(env, chapter, "pytorch_bmm", label, sizes, n, k, generator, "torch.bmm", launch_of)
+        if result is not None:
+            results.append(result)
     return results
 
 

@@ -56,9 +56,10 @@ std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape) {
   return detail::WorkspaceLayout::bytes(shape.experts);
 }
 
-void validate_grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                                  const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                                  const void* workspace, std::size_t workspace_bytes, GroupedStep step) {
+void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const __nv_bfloat16* a,
+                                           const __nv_bfloat16* w, const __nv_bfloat16* c,
+                                           const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                                           GroupedStep step) {
   to_string(step);  // throws for a value that is no step
   const int kind = static_cast<int>(epilogue.kind);
   if (kind < static_cast<int>(EpilogueKind::plain) || kind > static_cast<int>(EpilogueKind::row_scale)) {
@@ -100,6 +101,14 @@ void validate_grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bflo
       throw InvalidArgument("c must not overlap epilogue.row_scale");
     }
   }
+}
+
+void validate_grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                                  const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                                  const void* workspace, std::size_t workspace_bytes, GroupedStep step) {
+  validate_grouped_gemm_hopper_operands(shape, a, w, c, offsets, epilogue, step);
+  const std::int64_t n_out = output_columns(shape.n, epilogue.kind);
+  const std::uint64_t c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(n_out) * 2;
   const std::size_t needed = grouped_gemm_hopper_workspace_bytes(shape);
   if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
   if (!kc::aligned_to(workspace, 128)) {

@@ -111,6 +111,20 @@ __host__ __device__ constexpr std::int64_t output_columns(std::int64_t n, Epilog
 /// content after a launch is unspecified. Throws kc::InvalidArgument for a bad shape.experts. Host-only.
 std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape);
 
+/// Checks every rule in this file's description for a launch of @p step except the workspace's; throws
+/// kc::InvalidArgument naming the first one broken: for a kernel that takes no workspace. Host-only.
+/// @param shape sizes
+/// @param a [M_total, K] permuted tokens
+/// @param w [E, N, K] expert weights
+/// @param c [M_total, n_out] output
+/// @param offsets [E + 1] device row offsets
+/// @param epilogue plain, swiglu or row_scale
+/// @param step the step whose store rules apply
+void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const __nv_bfloat16* a,
+                                           const __nv_bfloat16* w, const __nv_bfloat16* c,
+                                           const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                                           GroupedStep step = kAfterStep);
+
 /// Checks every rule in this file's description for a launch of @p step; throws kc::InvalidArgument
 /// naming the first one broken, e.g. "the columns of C (770, shape.n / 2) must be a multiple of 8 for
 /// step3_ragged_tensor_map's TMA store (rows of a multiple of 16 bytes)". Host-only.

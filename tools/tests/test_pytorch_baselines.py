@@ -344,6 +344,113 @@ class Ch08HelpersTest(unittest.TestCase):
                 self.assertIn("ch08: torch 0.0-fake has no torch._grouped_mm; skipped", lines)
 
 
+class _NoGroupedMmNoMemoryTorch:
+    """A torch without _grouped_mm and with no free GPU memory: Chapter 9's baseline logs why it skips
+    each case and times nothing."""
+
+    __version__ = "0.0-fake"
+
+    class Generator:
+        def __init__(self, device=None):
+            pass
+
+        def manual_seed(self, seed):
+            pass
+
+    class cuda:
+        @staticmethod
+        def mem_get_info():
+            return 0, 80 << 30
+
+
+class Ch09HelpersTest(unittest.TestCase):
+    ROUTED = ["dsv3_decode_T%d_E256_k8_N4096_K7168" % t for t in (1, 8, 32, 128)]
+
+    def test_cases(self):
+        labels = [c[0] for c in pb.CH09_CASES]
+        self.assertEqual(len(labels), 20)
+        self.assertEqual(len(set(labels)), len(labels))
+        for a in labels:
+            for b in labels:
+                self.assertTrue(a == b or not b.startswith(a), "%s is a prefix of %s" % (a, b))
+        for m in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            self.assertIn(("G32xM%d_N4096_K7168" % m, "uniform", 32, 32 * m, 4096, 7168), pb.CH09_CASES)
+        for m in (1, 4, 16, 64):
+            self.assertIn(("G8xM%d_N28672_K4096" % m, "uniform", 8, 8 * m, 28672, 4096), pb.CH09_CASES)
+        for m in (1, 4, 16):
+            self.assertIn(("G128xM%d_N1536_K2048" % m, "uniform", 128, 128 * m, 1536, 2048), pb.CH09_CASES)
+        routed = [c for c in pb.CH09_CASES if c[1] == pb.ROUTED_KIND]
+        self.assertEqual([c[0] for c in routed], self.ROUTED)
+        for label, _, experts, rows, n, k in routed:
+            tokens = int(label.split("_T")[1].split("_")[0])
+            self.assertEqual((experts, rows, n, k), (256, 8 * tokens, 4096, 7168), label)
+        for label, kind, experts, rows, n, k in pb.CH09_CASES:
+            self.assertTrue(label.endswith("_N%d_K%d" % (n, k)), label)
+            if kind == "uniform":
+                self.assertTrue(label.startswith("G%dxM%d_" % (experts, rows // experts)), label)
+        self.assertIn("ch09", pb.BASELINES)
+
+    def test_equal_groups(self):
+        self.assertTrue(pb.equal_groups([4] * 32))
+        self.assertTrue(pb.equal_groups([1]))
+        self.assertFalse(pb.equal_groups([]))
+        self.assertFalse(pb.equal_groups([0] * 8))  # no rows: nothing for torch.bmm to multiply
+        self.assertFalse(pb.equal_groups([4, 4, 3, 5]))
+        self.assertFalse(pb.equal_groups([1] * 8 + [0] * 248))  # a routing's sizes
+        for label, kind, experts, rows, _, _ in pb.CH09_CASES:
+            if kind == "uniform":
+                self.assertTrue(pb.equal_groups(pb.ch05_group_sizes(kind, experts, rows)), label)
+
+    def test_routed_case_skip_reason(self):
+        routed, uniform = self.ROUTED[0], "G32xM1_N4096_K7168"
+        recorded = {self.ROUTED[1]: [1] * 64 + [0] * 192}
+        reason = pb.routed_case_skip_reason
+        self.assertIsNone(reason(uniform, "uniform", {}, "ch09_bench.json", "no file"))  # computed
+        self.assertIsNone(reason(self.ROUTED[1], pb.ROUTED_KIND, recorded, "ch09_bench.json"))
+        self.assertEqual(reason(routed, pb.ROUTED_KIND, recorded, "ch09_bench.json"),
+                         "ch09_bench.json records no group_sizes/" + routed)
+        self.assertEqual(reason(routed, pb.ROUTED_KIND, {}, "ch09_bench.json", "x not found"), "x not found")
+
+    def test_routed_sizes_are_the_recorded_ones(self):
+        cases = [c for c in pb.CH09_CASES if c[0] in (self.ROUTED[0], self.ROUTED[1], "G8xM4_N28672_K4096")]
+        lines = []
+        recorded = {self.ROUTED[0]: [1] * 8 + [0] * 248, self.ROUTED[1]: [1] * 60 + [0] * 196}
+        sizes = pb.grouped_case_sizes(cases, recorded, lines.append)
+        self.assertEqual(sizes, {self.ROUTED[0]: recorded[self.ROUTED[0]], self.ROUTED[1]: recorded[self.ROUTED[1]],
+                                 "G8xM4_N28672_K4096": [4] * 8})
+        self.assertEqual(len(lines), 1)  # T8's sizes sum to 60 rows, not 8 x 8
+        self.assertIn(self.ROUTED[1] + ": the C++ benchmark's group sizes (256 experts, 60 rows)", lines[0])
+        self.assertNotIn(self.ROUTED[2], pb.grouped_case_sizes(pb.CH09_CASES, {}, lines.append))
+
+    def test_the_baseline_skips_routed_cases_without_recorded_sizes(self):
+        uniform = [c[0] for c in pb.CH09_CASES if c[1] == "uniform"]
+        recorded = json.dumps({"context": {"group_sizes/" + self.ROUTED[0]: "0*248,1*8",
+                                           "group_sizes/" + self.ROUTED[2]: "1*256",
+                                           "group_sizes/G8xM4_N28672_K4096": "5,3,4*6"}})
+        for content, why in ((None, "ch09_bench.json not found"), (recorded, "ch09_bench.json records no "),
+                             ('{"context": {', "cannot read the group sizes")):  # a run that stopped
+            with tempfile.TemporaryDirectory() as tmp:
+                if content is not None:
+                    with open(os.path.join(tmp, "ch09_bench.json"), "w") as f:
+                        f.write(content)
+                lines = []
+                env = pb.Env(torch=_NoGroupedMmNoMemoryTorch, device=None, l2_bytes=0, repetitions=1,
+                             log=lines.append, bench_dir=tmp)
+                self.assertEqual(pb.BASELINES["ch09"](env), [])
+            self.assertIn("ch09: torch 0.0-fake has no torch._grouped_mm; skipped", lines)
+            skipped = [line for line in lines if line.endswith("; skipped") and why in line]
+            timed_routed = [self.ROUTED[0], self.ROUTED[2]] if content == recorded else []
+            self.assertEqual(sorted(line.split(":")[0] for line in skipped),
+                             sorted("ch09 " + r for r in self.ROUTED if r not in timed_routed), lines)
+            # torch.bmm tries (and here skips for memory) the cases of equal groups only: the uniform ones
+            # but where recorded otherwise, and a routed one whose recorded groups are all equal.
+            equal = uniform + [self.ROUTED[2]] if content == recorded else uniform
+            bmm = [line.split(":")[0][len("ch09 pytorch_bmm "):] for line in lines
+                   if line.startswith("ch09 pytorch_bmm ") and "GB free; skipped" in line]
+            self.assertEqual(bmm, [c[0] for c in pb.CH09_CASES if c[0] in equal
+                                   and (content != recorded or c[0] != "G8xM4_N28672_K4096")], lines)
+
+
 class _FakeEvent:
     """A CUDA event of the fake torch below: elapsed_time gives the fake GPU's time between two
     records, in milliseconds, as torch.cuda.Event does."""

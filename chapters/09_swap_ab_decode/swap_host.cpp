@@ -1,0 +1,107 @@
+// Chapter 9's host side: the rules, the tensor maps, the launch of every step, and the dispatch.
+// Everything before the first CUDA call is host arithmetic, tested on machines without a GPU.
+#include <string>
+#include <utility>
+
+#include "dispatch.hpp"
+#include "kc/check.hpp"
+#include "kc/device_info.hpp"
+#include "kc/validate.hpp"
+#include "swap_ab.hpp"
+#include "swap_launch.hpp"
+#include "tensor_map.hpp"  // Chapter 7: the tensor maps of A and W
+// Angle brackets: the exercise build puts the skeleton's swap_tiles.hpp first on the include path.
+#include <swap_tiles.hpp>
+
+namespace kc::ch09 {
+
+namespace {
+
+// Can this build and this GPU run the sm_90a kernels? Asked after every host-side rule.
+void require_hopper() {
+  if (!detail::kernels_built()) {
+    throw UnsupportedGpu(
+        "Chapter 9 was built without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES "
+        "(e.g. -DCMAKE_CUDA_ARCHITECTURES=\"80-real;90\") and run on an sm_90 GPU");
+  }
+  const auto [major, minor] = cached_per_device([](int device) {
+    const DeviceInfo info = query_device(device);
+    return std::pair<int, int>{info.cc_major, info.cc_minor};
+  });
+  if (auto reason = ch07::hopper_unsupported_reason(major, minor)) throw UnsupportedGpu(*reason);
+}
+
+}  // namespace
+
+const char* to_string(SwapStep step) {
+  switch (step) {
+    case SwapStep::swapped_operands: return "step1_swapped_operands";
+    case SwapStep::deep_pipeline: return "step2_deep_pipeline";
+    case SwapStep::token_tile: return "step3_token_tile";
+  }
+  throw InvalidArgument("step (" + std::to_string(static_cast<int>(step)) + ") is not a SwapStep");
+}
+
+void validate_swap_ab(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                      const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue) {
+  // Chapter 8's rules on the operands and the epilogue (its masked step: no store rules), then the
+  // transposed store's.
+  ch08::validate_grouped_gemm_hopper_operands(shape, a, w, c, offsets, epilogue, ch08::GroupedStep::masked_store);
+  if (shape.m_total == 0) return;
+  const std::int64_t n_out = ch08::output_columns(shape.n, epilogue.kind);
+  if (n_out % 8 != 0) {
+    throw InvalidArgument("the columns of C (" + std::to_string(n_out) +
+                          (epilogue.kind == EpilogueKind::swiglu ? ", shape.n / 2" : ", shape.n") +
+                          ") must be a multiple of 8 for the transposed store (16-byte rows of 8 columns)");
+  }
+  if (!kc::aligned_to(c, 16)) throw InvalidArgument("c must be 16-byte aligned for the transposed store");
+}
+
+void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a,
+                          const __nv_bfloat16* w, __nv_bfloat16* c, const std::int32_t* offsets,
+                          const GroupedEpilogue& epilogue, cudaStream_t stream) {
+  // 1. Every rule, before any CUDA call.
+  to_string(step);  // throws for a value that is no step
+  validate_swap_ab(shape, a, w, c, offsets, epilogue);
+  if (shape.m_total == 0) return;  // no rows: nothing to compute or write
+  const int tokens = step == SwapStep::token_tile ? decode_choice(shape.m_total, shape.experts).token_tile
+                                                  : kMaxTokenTile;
+  const ch07::TensorMapSpec a_spec = ch07::bf16_row_major_map(a, shape.m_total, shape.k, tokens);
+  const ch07::TensorMapSpec w_spec =
+      ch07::bf16_row_major_map(w, static_cast<std::int64_t>(shape.experts) * shape.n, shape.k, kWBoxRows);
+  ch07::validate_tensor_map(a_spec, "a");
+  ch07::validate_tensor_map(w_spec, "w");
+  // 2. Can this build and GPU run it?
+  require_hopper();
+  // 3. Maps (host-only encoding) and the one kernel.
+  const CUtensorMap a_map = ch07::encode_tensor_map(a_spec, "a");
+  const CUtensorMap w_map = ch07::encode_tensor_map(w_spec, "w");
+  detail::SwapArgs args;
+  args.c = c;
+  args.offsets = offsets;
+  args.row_scale = epilogue.kind == EpilogueKind::row_scale ? epilogue.row_scale : nullptr;
+  args.m_total = static_cast<int>(shape.m_total);
+  args.n = static_cast<int>(shape.n);
+  args.k = static_cast<int>(shape.k);
+  args.experts = shape.experts;
+  args.n_out = static_cast<int>(ch08::output_columns(shape.n, epilogue.kind));
+  args.tiles_n = swap_tiles_n(args.n, epilogue.kind);
+  const std::int64_t tile_bound = ch05::max_m_tiles(shape.m_total, shape.experts, tokens) * args.tiles_n;
+  detail::launch_swapped(step, tokens, epilogue.kind == EpilogueKind::swiglu, a_map, w_map, args, tile_bound, stream);
+}
+
+void grouped_gemm_decode(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                         __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                         void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  // Both kernels' rules, whichever runs: a call is valid or not whatever its size.
+  validate_swap_ab(shape, a, w, c, offsets, epilogue);
+  ch08::validate_grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes);
+  if (shape.m_total == 0) return;
+  if (decode_choice(shape.m_total, shape.experts).swapped) {
+    grouped_gemm_swap_ab(SwapStep::token_tile, shape, a, w, c, offsets, epilogue, stream);
+  } else {
+    ch08::grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
+  }
+}
+
+}  // namespace kc::ch09
