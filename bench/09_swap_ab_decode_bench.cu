@@ -166,12 +166,14 @@ void bench_limit(benchmark::State& state, const GroupedCase& cs) {
   int device = 0;
   kc::check(cudaGetDevice(&device));
   kc::bench::SmClockSampler clock(device);
+  // A batch of copies counts as that many iterations of the floor, so Google Benchmark sizes the run
+  // by the copies' real time.
   double floor_s_total = 0.0;
-  while (state.KeepRunningBatch(1)) {
+  while (state.KeepRunningBatch(copies)) {
     const double copy_s = timer.time_launches(stream, copies, copy) * 1e-3;  // per copy
     const double floor_s = min_bytes / (2.0 * static_cast<double>(copy_bytes) / copy_s);
-    floor_s_total += floor_s;
-    state.SetIterationTime(floor_s);
+    floor_s_total += floor_s * copies;
+    state.SetIterationTime(floor_s * copies);
   }
   const double mhz = clock.stop();
   kc::check(cudaStreamDestroy(stream));
