@@ -98,29 +98,6 @@ std::vector<GroupedCase> benchmark_cases() {
           skewed_case(GroupSizes::quarter_empty, 256, 8192, 4096, 7168)};
 }
 
-// The group sizes as the JSON context carries them: "128*256" for 256 experts of 128 rows,
-// "1338,669,446,...,5*12" for a Zipf tail (tools/pytorch_baselines.py, decode_group_sizes, reads them).
-std::string encode_group_sizes(const std::vector<std::int32_t>& sizes) {
-  std::string text;
-  for (std::size_t i = 0; i < sizes.size();) {
-    std::size_t end = i;
-    while (end < sizes.size() && sizes[end] == sizes[i]) ++end;
-    if (!text.empty()) text += ',';
-    text += std::to_string(sizes[i]);
-    if (end - i > 1) text += '*' + std::to_string(end - i);
-    i = end;
-  }
-  return text;
-}
-
-// The counters every variant of a case shares (Chapter 5's).
-void set_case_counters(benchmark::State& state, const GroupedCase& cs, const std::vector<std::int32_t>& host_offsets) {
-  kc::bench::set_counters(state, kc::ch05::grouped_gemm_min_bytes(cs.shape, host_offsets),
-                          kc::ch05::grouped_gemm_flops(cs.shape, host_offsets));
-  state.counters["experts"] = static_cast<double>(cs.shape.experts);
-  state.counters["rows"] = static_cast<double>(host_offsets.back());
-}
-
 enum class Variant { before, ch05_one_launch, hopper_step, after, row_major_order, cublas_loop, cublas_grouped };
 
 // Runs @p timed (a variant's timed launches) with the SM clock sampled meanwhile: counter sm_clock_mhz,
@@ -188,7 +165,7 @@ void bench_case(benchmark::State& state, const GroupedCase& cs, Variant variant,
   kc::check(cudaStreamSynchronize(stream));
   time_with_clock(state, [&] { kc::bench::time_batches(state, stream, 1, [&](int) { launch(); }); });
   kc::check(cudaStreamDestroy(stream));
-  set_case_counters(state, cs, host_offsets);
+  kc::bench::grouped::set_case_counters(state, cs, host_offsets);
 }
 
 // limit: the longer of the case's fewest bytes at the measured copy rate and cuBLAS's dense GEMM of
@@ -244,7 +221,7 @@ void bench_limit(benchmark::State& state, const GroupedCase& cs) {
     state.SetIterationTime(std::max(bytes_s, gemm_s) * batch);
   }
   kc::check(cudaStreamDestroy(stream));
-  set_case_counters(state, cs, host_offsets);
+  kc::bench::grouped::set_case_counters(state, cs, host_offsets);
   const double iterations = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
   state.counters["copy_floor_us"] = bytes_s * 1e6;
   state.counters["gemm_floor_us"] = gemm_floor_s / iterations * 1e6;
@@ -278,7 +255,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       std::printf("Skipping %s: its inputs do not fit this GPU's memory\n", cs.label.c_str());
       continue;
     }
-    benchmark::AddCustomContext("group_sizes/" + cs.label, encode_group_sizes(cs.sizes));
+    benchmark::AddCustomContext("group_sizes/" + cs.label, kc::bench::grouped::encode_group_sizes(cs.sizes));
     add("before", cs, Variant::before);
     if (wide_tile) add("step0_ch05_one_launch", cs, Variant::ch05_one_launch);
     for (GroupedStep step : {GroupedStep::masked_store, GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map,

@@ -73,29 +73,6 @@ constexpr std::size_t kMaxCopyBytes = std::size_t{1} << 30;
 // limit's copies are timed in batches of at least this long.
 constexpr double kSteadyBatchSeconds = 0.02;
 
-// The group sizes as the JSON context carries them (Chapter 8's encoding): "8*32" for 32 experts of
-// 8 rows; tools/pytorch_baselines.py (decode_group_sizes) reads them.
-std::string encode_group_sizes(const std::vector<std::int32_t>& sizes) {
-  std::string text;
-  for (std::size_t i = 0; i < sizes.size();) {
-    std::size_t end = i;
-    while (end < sizes.size() && sizes[end] == sizes[i]) ++end;
-    if (!text.empty()) text += ',';
-    text += std::to_string(sizes[i]);
-    if (end - i > 1) text += '*' + std::to_string(end - i);
-    i = end;
-  }
-  return text;
-}
-
-// The counters every variant of a case shares.
-void set_case_counters(benchmark::State& state, const GroupedCase& cs, const std::vector<std::int32_t>& host_offsets) {
-  kc::bench::set_counters(state, kc::ch05::grouped_gemm_min_bytes(cs.shape, host_offsets),
-                          kc::ch05::grouped_gemm_flops(cs.shape, host_offsets));
-  state.counters["experts"] = static_cast<double>(cs.shape.experts);
-  state.counters["rows"] = static_cast<double>(host_offsets.back());
-}
-
 enum class Variant { before, swap_step, after, cublas_grouped };
 
 // One variant on one case. @p step is the swapped step for Variant::swap_step (ignored otherwise).
@@ -143,7 +120,7 @@ void bench_case(benchmark::State& state, const GroupedCase& cs, Variant variant,
   const double mhz = clock.stop();
   if (mhz > 0.0) state.counters["sm_clock_mhz"] = mhz;
   kc::check(cudaStreamDestroy(stream));
-  set_case_counters(state, cs, in.host_offsets);
+  kc::bench::grouped::set_case_counters(state, cs, in.host_offsets);
 }
 
 // limit: the case's fewest bytes at the copy rate, measured in every iteration (see the top).
@@ -178,7 +155,7 @@ void bench_limit(benchmark::State& state, const GroupedCase& cs) {
   }
   const double mhz = clock.stop();
   kc::check(cudaStreamDestroy(stream));
-  set_case_counters(state, cs, host_offsets);
+  kc::bench::grouped::set_case_counters(state, cs, host_offsets);
   const double iterations = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
   state.counters["copy_floor_us"] = floor_s_total / iterations * 1e6;
   if (mhz > 0.0) state.counters["sm_clock_mhz"] = mhz;
@@ -210,7 +187,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
       std::printf("Skipping %s: its inputs do not fit this GPU's memory\n", cs.label.c_str());
       continue;
     }
-    benchmark::AddCustomContext("group_sizes/" + cs.label, encode_group_sizes(cs.sizes));
+    benchmark::AddCustomContext("group_sizes/" + cs.label, kc::bench::grouped::encode_group_sizes(cs.sizes));
     add("before", cs, Variant::before);
     // Steps 1 and 2 on DeepSeek-V3's cases (N 4096, K 7168), where the lesson compares the steps.
     const bool deepseek = cs.shape.n == 4096 && cs.shape.k == 7168;
