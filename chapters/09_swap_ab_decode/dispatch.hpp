@@ -5,7 +5,8 @@
 
 #include <cstdint>
 
-#include "swap_tiles.hpp"
+// Angle brackets: the exercise build puts the skeleton's swap_tiles.hpp first on the include path.
+#include <swap_tiles.hpp>
 
 namespace kc::ch09 {
 
