@@ -12,7 +12,7 @@ namespace kc::ch09 {
 
 /// Tokens per expert, on average over all E experts, up to which grouped_gemm_decode runs the swapped
 /// kernel; above it Chapter 8's kernel runs. The lesson's crossover table is where it comes from.
-inline constexpr std::int64_t kSwapMaxTokensPerExpert = 16;
+inline constexpr std::int64_t kSwapMaxTokensPerExpert = 64;
 
 /// The smallest token tile (8, 16, 32 or 64) that holds @p tokens_per_expert tokens; 64 above that.
 __host__ __device__ constexpr int token_tile_for(std::int64_t tokens_per_expert) {
