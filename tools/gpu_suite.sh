@@ -14,7 +14,7 @@
 # The device's copy of the tree has no .git, so the commit is passed in. Chapters default to all.
 # What lands under $OUT:
 #   kc_gpu_run.tar.gz   the results, named as in docs/results/h200/: per chapter chNN_bench.json,
-#                       chNN_pytorch.json, chNN.md, chNN.png, chNN_metadata.json, chNN_profile.txt and
+#                       chNN_pytorch.json, chNN.md, chNN.png (and chNN_sweep.png), chNN_metadata.json, chNN_profile.txt and
 #                       chNN_suite.log (GPU, clocks, test and sanitizer summaries, the exercise check,
 #                       benchmark wall time). tools/import_gpu_run.sh unpacks it there.
 #   kc_gpu_logs.tar.gz  the full logs (build, ctest, sanitizers, benchmark output), for a failure

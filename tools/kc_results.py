@@ -357,6 +357,39 @@ class Chapter:
     # The cases the lesson's results block shows (the chapter's page in the results folder shows them
     # all); None: every case.
     lesson_cases: Optional[Tuple[str, ...]] = None
+    # A sweep over one size (Chapter 9: tokens per expert): plotted as time against that size in
+    # chNN_sweep.png; None: no such plot.
+    sweep: Optional["Sweep"] = None
+
+
+@dataclass
+class Sweep:
+    """chapters.json "sweep": the cases of a one-size sweep, the size of each (the x axis), its name
+    and the variants plotted."""
+
+    cases: Tuple[str, ...]
+    x: Tuple[float, ...]
+    x_label: str
+    variants: Tuple[str, ...]
+
+
+def _load_sweep(path: str, chapter_id: str, item: Any) -> Optional[Sweep]:
+    """Parses a chapter's "sweep" object (see Sweep); None when absent."""
+    if item is None:
+        return None
+    problem = "%s: %s sweep must be {cases: [labels], x: [numbers, one per case], x_label: text, " \
+              "variants: [names]}" % (path, chapter_id)
+    if not isinstance(item, dict):
+        raise ResultsError(problem)
+    cases, xs, label, variants = item.get("cases"), item.get("x"), item.get("x_label"), item.get("variants")
+    if (not isinstance(cases, list) or not cases or not all(isinstance(c, str) and c for c in cases)
+            or not isinstance(xs, list) or len(xs) != len(cases)
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in xs)
+            or not isinstance(label, str) or not label
+            or not isinstance(variants, list) or not variants
+            or not all(isinstance(v, str) and v for v in variants)):
+        raise ResultsError(problem)
+    return Sweep(tuple(cases), tuple(float(x) for x in xs), label, tuple(variants))
 
 
 def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
@@ -401,6 +434,7 @@ def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
             baseline=item.get("baseline", "before"),
             results_gpu=results_gpu,
             lesson_cases=tuple(lesson_cases) if lesson_cases is not None else None,
+            sweep=_load_sweep(path, item["id"], item.get("sweep")),
         ))
     return chapters
 
@@ -998,6 +1032,49 @@ def render_plot(results: ChapterResults, chapter: Optional[Chapter], path: str) 
     return True
 
 
+def render_sweep_plot(results: ChapterResults, chapter: Chapter, path: str) -> bool:
+    """Writes chapter.sweep's plot: median time against the swept size (log 2 axis), one line per
+    variant, `limit` dashed. Returns False (writing nothing) when matplotlib is not installed, the
+    chapter has no sweep, or none of its cases is measured."""
+    sweep = chapter.sweep
+    if sweep is None:
+        return False
+    lines = []
+    for variant in sweep.variants:
+        points = [(x, results.find(case, variant)) for case, x in zip(sweep.cases, sweep.x)]
+        points = [(x, m.time_s * 1e6) for x, m in points if m is not None and m.measured]
+        if points:
+            lines.append((variant, points))
+    if not lines:
+        return False
+    try:
+        import matplotlib  # noqa: WPS433 (optional dependency, imported lazily)
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for variant, points in lines:
+        style = {"linestyle": "--", "color": "black"} if variant == "limit" else {}
+        ax.plot([x for x, _ in points], [t for _, t in points], marker="o", label=variant, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(set(sweep.x)))
+    ax.set_xticklabels(["%g" % x for x in sorted(set(sweep.x))])
+    ax.set_xlabel(sweep.x_label)
+    ax.set_ylabel("median time (µs)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    info = results.info()
+    ax.set_title("%s · time against %s%s" % (results.chapter_id, sweep.x_label.split(" (")[0],
+                                               "" if info["gpu"] == UNKNOWN else " on " + info["gpu"]))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
 # --------------------------------------------------------------------------------------------------
 # generate / check
 
@@ -1037,8 +1114,9 @@ def read_text(path: str) -> Optional[str]:
 
 def generate(results_dir: str, chapters: Sequence[Chapter], only: Optional[Sequence[str]] = None,
              plots: bool = True, out=None) -> List[str]:
-    """Writes chNN.md (and chNN.png when matplotlib exists) for each chapter with results in
-    ``results_dir``, reporting on ``out`` (default stdout). Returns the paths written."""
+    """Writes chNN.md (and chNN.png, and chNN_sweep.png for a chapter with a sweep, when matplotlib
+    exists) for each chapter with results in ``results_dir``, reporting on ``out`` (default
+    stdout). Returns the paths written."""
     out = out or sys.stdout
     written = []
     index = _chapter_index(chapters)
@@ -1056,6 +1134,11 @@ def generate(results_dir: str, chapters: Sequence[Chapter], only: Optional[Seque
             if results is not None and render_plot(results, index.get(chapter_id), png):
                 written.append(png)
                 print("wrote %s" % png, file=out)
+                chapter = index.get(chapter_id)
+                sweep_png = os.path.join(results_dir, chapter_id + "_sweep.png")
+                if chapter is not None and render_sweep_plot(results, chapter, sweep_png):
+                    written.append(sweep_png)
+                    print("wrote %s" % sweep_png, file=out)
             elif not plot_note_printed:
                 print("matplotlib is not installed: skipping plots", file=out)
                 plot_note_printed = True

@@ -843,6 +843,48 @@ class LessonCasesTest(unittest.TestCase):
             self.assertEqual(kr.load_chapters(path)[0].lesson_cases, ("a", "b"))
 
 
+class SweepTest(unittest.TestCase):
+    """chapters.json "sweep": a one-size sweep plotted as time against the size (chNN_sweep.png)."""
+
+    def test_chapters_json_rule(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "chapters.json")
+            good = {"cases": ["a", "b"], "x": [1, 2], "x_label": "tokens", "variants": ["before", "after"]}
+            bad_ones = [[], {**good, "x": [1]}, {**good, "x": [1, 0]}, {**good, "x": [1, True]},
+                        {**good, "cases": []}, {**good, "x_label": ""}, {**good, "variants": "after"}]
+            for bad in bad_ones:
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump([{"id": "ch09", "dir": "09_x", "title": "X", "sweep": bad}], f)
+                with self.assertRaisesRegex(kr.ResultsError, "ch09 sweep must be"):
+                    kr.load_chapters(path)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump([{"id": "ch09", "dir": "09_x", "title": "X", "sweep": good}], f)
+            sweep = kr.load_chapters(path)[0].sweep
+            self.assertEqual((sweep.cases, sweep.x, sweep.variants), (("a", "b"), (1.0, 2.0), ("before", "after")))
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump([{"id": "ch09", "dir": "09_x", "title": "X"}], f)
+            self.assertIsNone(kr.load_chapters(path)[0].sweep)
+
+    def test_plot_needs_a_measured_case(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = make_results_dir(os.path.join(tmp, "results"))
+            results = kr.load_chapter_results(root, "ch01")
+            chapter = fixture_chapters()[0]
+            png = os.path.join(tmp, "ch01_sweep.png")
+            self.assertFalse(kr.render_sweep_plot(results, chapter, png))  # no sweep
+            chapter.sweep = kr.Sweep(("no_such_case",), (1.0,), "size", ("after",))
+            self.assertFalse(kr.render_sweep_plot(results, chapter, png))  # nothing measured
+            self.assertFalse(os.path.exists(png))
+            chapter.sweep = kr.Sweep(("fp32_N1048576", "fp32_N7"), (1.0, 2.0), "size", ("after", "limit"))
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                self.assertFalse(kr.render_sweep_plot(results, chapter, png))
+            else:
+                self.assertTrue(kr.render_sweep_plot(results, chapter, png))
+                self.assertGreater(os.path.getsize(png), 0)
+
+
 class ProfileMarkerTest(unittest.TestCase):
     """kc:profile: a metric of the chapter's Nsight Compute profile, read from chNN_profile.txt."""
 
