@@ -176,8 +176,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
   for (const GroupedCase& cs : all) labels.push_back(cs.label);
   kc::bench::check_case_labels(labels);
 
-  auto add = [](const std::string& variant, const GroupedCase& cs, Variant v,
-                SwapStep step = SwapStep::token_tile) {
+  auto add = [](const std::string& variant, const GroupedCase& cs, Variant v, SwapStep step = SwapStep::token_tile) {
     const std::string name = "ch09/" + variant + "/" + cs.label;
     kc::bench::configure(benchmark::RegisterBenchmark(
         name.c_str(), [cs, v, step](benchmark::State& st) { bench_case(st, cs, v, step); }));

@@ -59,7 +59,7 @@ struct Output {
 };
 
 Output run(const Problem& p, Kernel kernel, const GroupedEpilogue& epilogue = {},
-        const std::vector<float>* row_scale = nullptr) {
+           const std::vector<float>* row_scale = nullptr) {
   const DeviceProblem d(p);
   kc::DeviceBuffer<unsigned char> workspace(kc::ch08::grouped_gemm_hopper_workspace_bytes(p.shape));
   kc::DeviceBuffer<float> scale(row_scale != nullptr ? *row_scale : std::vector<float>(1));
@@ -226,8 +226,8 @@ TEST_F(SwapAbGpu, GraphCapturableAndRepeatable) {
     SCOPED_TRACE(name_of(kernel));
     const auto launch = [&](cudaStream_t stream) {
       if (kernel == Kernel::after) {
-        kc::ch09::grouped_gemm_decode(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), {},
-                                      workspace.data(), workspace.size(), stream);
+        kc::ch09::grouped_gemm_decode(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), {}, workspace.data(),
+                                      workspace.size(), stream);
       } else {
         kc::ch09::grouped_gemm_swap_ab(kSteps[static_cast<int>(kernel)], p.shape, d.a.data(), d.w.data(), c.data(),
                                        d.offsets.data(), {}, stream);
@@ -256,8 +256,8 @@ TEST_F(SwapAbGpu, BadArgumentsWriteNothing) {
       "must be a multiple of 8 for the transposed store");
   kc::test::expect_invalid_argument(
       [&] {
-        kc::ch09::grouped_gemm_decode(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), {},
-                                      workspace.data(), workspace.size());
+        kc::ch09::grouped_gemm_decode(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), {}, workspace.data(),
+                                      workspace.size());
       },
       "must be a multiple of 8");
   kc::check(cudaDeviceSynchronize());

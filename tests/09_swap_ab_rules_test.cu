@@ -162,9 +162,8 @@ TEST(SwapTiles, WorkCoversEveryTokenOnce) {
 // ----------------------------------------------------------------------------- CPU: the dispatch
 
 TEST(SwapDispatch, TokenTileHoldsTheTokensPerExpert) {
-  const std::vector<std::pair<std::int64_t, int>> want = {{0, 8},   {1, 8},   {8, 8},   {9, 16},  {16, 16},
-                                                          {17, 32}, {32, 32}, {33, 64}, {64, 64}, {65, 64},
-                                                          {1000, 64}};
+  const std::vector<std::pair<std::int64_t, int>> want = {{0, 8},   {1, 8},   {8, 8},   {9, 16},  {16, 16},  {17, 32},
+                                                          {32, 32}, {33, 64}, {64, 64}, {65, 64}, {1000, 64}};
   for (const auto& [tokens, tile] : want) EXPECT_EQ(kc::ch09::token_tile_for(tokens), tile) << tokens;
 }
 
@@ -205,21 +204,33 @@ TEST(SwapRules, BadArgumentsNameTheRule) {
     kc::ch09::grouped_gemm_swap_ab(step, s, a, w, out, offsets, e);
   };
   expect_invalid_argument([&] { launch(shape, c, {}, static_cast<SwapStep>(3)); }, "is not a SwapStep");
-  expect_invalid_argument([&] { launch({40, 260, 64, 3}, c, {}, SwapStep::token_tile); },
-                          "the columns of C (260, shape.n) must be a multiple of 8 for the transposed store");
-  expect_invalid_argument([&] { launch({40, 532, 64, 3}, c, {EpilogueKind::swiglu}, SwapStep::token_tile); },
-                          "the columns of C (266, shape.n / 2) must be a multiple of 8");
+  expect_invalid_argument(
+      [&] {
+        launch({40, 260, 64, 3}, c, {}, SwapStep::token_tile);
+      },
+      "the columns of C (260, shape.n) must be a multiple of 8 for the transposed store");
+  expect_invalid_argument(
+      [&] {
+        launch({40, 532, 64, 3}, c, {EpilogueKind::swiglu}, SwapStep::token_tile);
+      },
+      "the columns of C (266, shape.n / 2) must be a multiple of 8");
   expect_invalid_argument([&] { launch(shape, fake<bf16>(0x900008), {}, SwapStep::swapped_operands); },
                           "c must be 16-byte aligned for the transposed store");
   // Chapter 8's rules come first and keep their words.
   expect_invalid_argument([&] { launch({40, 264, 60, 3}, c, {}, SwapStep::token_tile); }, "multiple of 8");
-  expect_invalid_argument([&] { launch({40, 264, 64, 3}, c, {EpilogueKind::row_scale}, SwapStep::token_tile); },
-                          "epilogue.row_scale must not be null");
-  expect_invalid_argument([&] { launch({40, 263, 64, 3}, c, {EpilogueKind::swiglu}, SwapStep::token_tile); },
-                          "must be a multiple of 2 for swiglu");
-  // The dispatch needs Chapter 8's workspace, whichever kernel it picks.
   expect_invalid_argument(
-      [&] { kc::ch09::grouped_gemm_decode(shape, a, w, c, offsets, {}, nullptr, 0); }, "workspace must not be null");
+      [&] {
+        launch({40, 264, 64, 3}, c, {EpilogueKind::row_scale}, SwapStep::token_tile);
+      },
+      "epilogue.row_scale must not be null");
+  expect_invalid_argument(
+      [&] {
+        launch({40, 263, 64, 3}, c, {EpilogueKind::swiglu}, SwapStep::token_tile);
+      },
+      "must be a multiple of 2 for swiglu");
+  // The dispatch needs Chapter 8's workspace, whichever kernel it picks.
+  expect_invalid_argument([&] { kc::ch09::grouped_gemm_decode(shape, a, w, c, offsets, {}, nullptr, 0); },
+                          "workspace must not be null");
 }
 
 // No rows: no store rule applies (C may be null and of any width), and nothing is launched.

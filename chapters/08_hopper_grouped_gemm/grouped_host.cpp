@@ -57,9 +57,8 @@ std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape) {
 }
 
 void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const __nv_bfloat16* a,
-                                           const __nv_bfloat16* w, const __nv_bfloat16* c,
-                                           const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                                           GroupedStep step) {
+                                           const __nv_bfloat16* w, const __nv_bfloat16* c, const std::int32_t* offsets,
+                                           const GroupedEpilogue& epilogue, GroupedStep step) {
   to_string(step);  // throws for a value that is no step
   const int kind = static_cast<int>(epilogue.kind);
   if (kind < static_cast<int>(EpilogueKind::plain) || kind > static_cast<int>(EpilogueKind::row_scale)) {

@@ -121,9 +121,8 @@ std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape);
 /// @param epilogue plain, swiglu or row_scale
 /// @param step the step whose store rules apply
 void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const __nv_bfloat16* a,
-                                           const __nv_bfloat16* w, const __nv_bfloat16* c,
-                                           const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                                           GroupedStep step = kAfterStep);
+                                           const __nv_bfloat16* w, const __nv_bfloat16* c, const std::int32_t* offsets,
+                                           const GroupedEpilogue& epilogue, GroupedStep step = kAfterStep);
 
 /// Checks every rule in this file's description for a launch of @p step; throws kc::InvalidArgument
 /// naming the first one broken, e.g. "the columns of C (770, shape.n / 2) must be a multiple of 8 for

@@ -23,8 +23,8 @@ __host__ __device__ constexpr int token_tile_for(std::int64_t tokens_per_expert)
 
 /// What grouped_gemm_decode runs.
 struct DecodeChoice {
-  bool swapped = true;     ///< the swapped kernel (step 3); false: Chapter 8's grouped_gemm_hopper
-  int token_tile = 8;      ///< the swapped kernel's tokens per tile
+  bool swapped = true;      ///< the swapped kernel (step 3); false: Chapter 8's grouped_gemm_hopper
+  int token_tile = 8;       ///< the swapped kernel's tokens per tile
   std::int64_t tokens = 0;  ///< ceil(M_total / E): tokens per expert, on average
 };
 

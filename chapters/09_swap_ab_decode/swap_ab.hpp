@@ -81,9 +81,9 @@ void validate_swap_ab(const GroupedGemmShape& shape, const __nv_bfloat16* a, con
 /// @param offsets [E + 1] device row offsets
 /// @param epilogue plain, swiglu or row_scale (with its scales)
 /// @param stream the stream to enqueue on
-void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a,
-                          const __nv_bfloat16* w, __nv_bfloat16* c, const std::int32_t* offsets,
-                          const GroupedEpilogue& epilogue, cudaStream_t stream = nullptr);
+void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                          __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                          cudaStream_t stream = nullptr);
 
 /// After: the grouped GEMM for any token count, swapped (step 3) where the tokens per expert are few
 /// and Chapter 8's grouped_gemm_hopper otherwise (decode_choice). Same arguments and rules as

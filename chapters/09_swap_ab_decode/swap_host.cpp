@@ -57,15 +57,15 @@ void validate_swap_ab(const GroupedGemmShape& shape, const __nv_bfloat16* a, con
   if (!kc::aligned_to(c, 16)) throw InvalidArgument("c must be 16-byte aligned for the transposed store");
 }
 
-void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a,
-                          const __nv_bfloat16* w, __nv_bfloat16* c, const std::int32_t* offsets,
-                          const GroupedEpilogue& epilogue, cudaStream_t stream) {
+void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                          __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                          cudaStream_t stream) {
   // 1. Every rule, before any CUDA call.
   to_string(step);  // throws for a value that is no step
   validate_swap_ab(shape, a, w, c, offsets, epilogue);
   if (shape.m_total == 0) return;  // no rows: nothing to compute or write
-  const int tokens = step == SwapStep::token_tile ? decode_choice(shape.m_total, shape.experts).token_tile
-                                                  : kMaxTokenTile;
+  const int tokens =
+      step == SwapStep::token_tile ? decode_choice(shape.m_total, shape.experts).token_tile : kMaxTokenTile;
   const ch07::TensorMapSpec a_spec = ch07::bf16_row_major_map(a, shape.m_total, shape.k, tokens);
   const ch07::TensorMapSpec w_spec =
       ch07::bf16_row_major_map(w, static_cast<std::int64_t>(shape.experts) * shape.n, shape.k, kWBoxRows);

@@ -15,9 +15,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "hopper_tiles.hpp"   // Chapter 7: kBlockK, the accumulator layout, the shared-memory limit
-#include "swap_ab.hpp"    // the epilogue kinds
-#include "tile_map.hpp"   // Chapter 5: the tile prefix, the expert lookup, the grouped order
+#include "hopper_tiles.hpp"  // Chapter 7: kBlockK, the accumulator layout, the shared-memory limit
+#include "swap_ab.hpp"       // the epilogue kinds
+#include "tile_map.hpp"      // Chapter 5: the tile prefix, the expert lookup, the grouped order
 
 namespace kc::ch09 {
 
@@ -51,9 +51,7 @@ struct SwapTile {
   __host__ __device__ constexpr int staging_bytes() const { return tokens * kStagingPitch * 4; }
   /// Bytes after the stages and the staging buffer: a full and an empty barrier per stage, then the
   /// block's tile prefix (E + 1 ints, E <= 1024) and the 32 chunk sums of its scan.
-  __host__ __device__ constexpr int tail_bytes() const {
-    return stages * 2 * 8 + (ch05::kMaxExperts + 1) * 4 + 32 * 4;
-  }
+  __host__ __device__ constexpr int tail_bytes() const { return stages * 2 * 8 + (ch05::kMaxExperts + 1) * 4 + 32 * 4; }
   /// Dynamic shared memory: the alignment slack, the stages, the staging buffer, the tail.
   __host__ __device__ constexpr std::size_t smem_bytes() const {
     return static_cast<std::size_t>(ch07::kSwizzleAtomBytes) + static_cast<std::size_t>(stages) * stage_bytes() +
