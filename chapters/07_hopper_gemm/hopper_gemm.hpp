@@ -105,6 +105,14 @@ std::optional<std::string> hopper_unsupported_reason(int cc_major, int cc_minor)
 /// entry); false for the stub build that can only report what it needs.
 bool hopper_kernels_built();
 
+/// Throws UnsupportedGpu unless @p kernels_built and the current GPU is sm_90: "<chapter> was built
+/// without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES ...", or
+/// hopper_unsupported_reason's words. The Hopper chapters ask it after every host-side rule, before
+/// their first CUDA call that needs the GPU.
+/// @param chapter the calling chapter, e.g. "Chapter 8"
+/// @param kernels_built whether the calling chapter's library holds its sm_90a kernels
+void require_hopper(const char* chapter, bool kernels_built);
+
 /// Checks the rules in this file's description for @p step's tile; throws kc::InvalidArgument naming
 /// the first one broken, e.g. "shape.k (100) must be a multiple of 8 (TMA: rows of a multiple of 16
 /// bytes)". Host-only.

@@ -92,6 +92,16 @@ std::optional<std::string> hopper_unsupported_reason(int cc_major, int cc_minor)
 
 bool hopper_kernels_built() { return detail::kernels_built(); }
 
+void require_hopper(const char* chapter, bool kernels_built) {
+  if (!kernels_built) {
+    throw UnsupportedGpu(std::string(chapter) +
+                         " was built without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES "
+                         "(e.g. -DCMAKE_CUDA_ARCHITECTURES=\"80-real;90\") and run on an sm_90 GPU");
+  }
+  const DeviceFacts device = current_device_facts();
+  if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
+}
+
 void validate_gemm_bf16_hopper(const __nv_bfloat16* a, const __nv_bfloat16* w, const __nv_bfloat16* c, GemmShape shape,
                                HopperStep step) {
   const TileConfig tile = tile_config(step);
@@ -164,13 +174,8 @@ void launch_gemm(HopperStep step, detail::Step6Kernel kernel, const __nv_bfloat1
   validate_gemm_bf16_hopper(a, w, c, shape, step);
   validate_maps(maps_for_tile(a, w, shape, tile_config(step)));
   // 2. Can this build and this GPU run sm_90a code at all?
-  if (!detail::kernels_built()) {
-    throw UnsupportedGpu(
-        "Chapter 7 was built without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES "
-        "(e.g. -DCMAKE_CUDA_ARCHITECTURES=\"80-real;90\") and run on an sm_90 GPU");
-  }
+  require_hopper("Chapter 7", detail::kernels_built());
   const DeviceFacts device = current_device_facts();
-  if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
   if (kernel == detail::Step6Kernel::stream_k) {
     validate_hopper_workspace(a, w, c, shape, workspace, workspace_bytes, hopper_workspace_bytes(device.sms));
   }
@@ -255,9 +260,7 @@ void validate_hopper_workspace(const __nv_bfloat16* a, const __nv_bfloat16* w, c
 
 StreamKPlan gemm_bf16_hopper_stream_k_plan(GemmShape shape) {
   ch02::validate_gemm_shape(shape);
-  if (!detail::kernels_built()) throw UnsupportedGpu("Chapter 7 was built without sm_90a kernels");
-  const DeviceFacts device = current_device_facts();
-  if (auto reason = hopper_unsupported_reason(device.cc_major, device.cc_minor)) throw UnsupportedGpu(*reason);
+  require_hopper("Chapter 7", detail::kernels_built());
   const auto tiles_m = static_cast<int>(ceil_div(shape.m, kStep6Tile.block_m));
   const auto tiles_n = static_cast<int>(ceil_div(shape.n, kStep6Tile.block_n));
   const int grid = cluster_grid(tiles_m, tiles_n, kStep6Tile.cluster_m, detail::stream_k_resident_clusters());

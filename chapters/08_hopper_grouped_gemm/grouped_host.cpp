@@ -1,7 +1,6 @@
 // Chapter 8's host side: the rules, the workspace, the tensor maps and the launch path of every step.
 // Everything before the first CUDA call is host arithmetic, tested on machines without a GPU.
 #include <string>
-#include <utility>
 
 #include "grouped_launch.hpp"
 // Angle brackets: the exercise build puts the skeleton's grouped_tiles.hpp first on the include path.
@@ -9,7 +8,6 @@
 
 #include "hopper_grouped_gemm.hpp"
 #include "kc/check.hpp"
-#include "kc/device_info.hpp"
 #include "kc/validate.hpp"
 #include "ragged_map.hpp"
 #include "tensor_map.hpp"
@@ -21,20 +19,6 @@ namespace {
 // The most rows W may have as one matrix: a tile's second W box starts up to 128 rows past row
 // E · N - 1 and the coordinate is an int.
 constexpr std::int64_t kMaxWRows = 0x7FFFFFFF - 255;
-
-// Can this build and this GPU run the sm_90a kernels? Asked after every host-side rule.
-void require_hopper() {
-  if (!detail::kernels_built()) {
-    throw UnsupportedGpu(
-        "Chapter 8 was built without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES "
-        "(e.g. -DCMAKE_CUDA_ARCHITECTURES=\"80-real;90\") and run on an sm_90 GPU");
-  }
-  const auto [major, minor] = cached_per_device([](int device) {
-    const DeviceInfo info = query_device(device);
-    return std::pair<int, int>{info.cc_major, info.cc_minor};
-  });
-  if (auto reason = ch07::hopper_unsupported_reason(major, minor)) throw UnsupportedGpu(*reason);
-}
 
 }  // namespace
 
@@ -162,7 +146,7 @@ void detail::grouped_gemm_hopper_ordered(GroupedStep step, int group_m, const Gr
   ch07::validate_tensor_map(a_spec, "a");
   ch07::validate_tensor_map(w_spec, "w");
   // 2. Can this build and GPU run it?
-  require_hopper();
+  ch07::require_hopper("Chapter 8", detail::kernels_built());
   // 3. Maps (host-only encoding), the prefix kernel, the GEMM.
   const CUtensorMap a_map = ch07::encode_tensor_map(a_spec, "a");
   const CUtensorMap w_map = ch07::encode_tensor_map(w_spec, "w");

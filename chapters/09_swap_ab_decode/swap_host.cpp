@@ -1,11 +1,9 @@
 // Chapter 9's host side: the rules, the tensor maps, the launch of every step, and the dispatch.
 // Everything before the first CUDA call is host arithmetic, tested on machines without a GPU.
 #include <string>
-#include <utility>
 
 #include "dispatch.hpp"
 #include "kc/check.hpp"
-#include "kc/device_info.hpp"
 #include "kc/validate.hpp"
 #include "swap_ab.hpp"
 #include "swap_launch.hpp"
@@ -14,24 +12,6 @@
 #include <swap_tiles.hpp>
 
 namespace kc::ch09 {
-
-namespace {
-
-// Can this build and this GPU run the sm_90a kernels? Asked after every host-side rule.
-void require_hopper() {
-  if (!detail::kernels_built()) {
-    throw UnsupportedGpu(
-        "Chapter 9 was built without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES "
-        "(e.g. -DCMAKE_CUDA_ARCHITECTURES=\"80-real;90\") and run on an sm_90 GPU");
-  }
-  const auto [major, minor] = cached_per_device([](int device) {
-    const DeviceInfo info = query_device(device);
-    return std::pair<int, int>{info.cc_major, info.cc_minor};
-  });
-  if (auto reason = ch07::hopper_unsupported_reason(major, minor)) throw UnsupportedGpu(*reason);
-}
-
-}  // namespace
 
 const char* to_string(SwapStep step) {
   switch (step) {
@@ -72,7 +52,7 @@ void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __
   ch07::validate_tensor_map(a_spec, "a");
   ch07::validate_tensor_map(w_spec, "w");
   // 2. Can this build and GPU run it?
-  require_hopper();
+  ch07::require_hopper("Chapter 9", detail::kernels_built());
   // 3. Maps (host-only encoding) and the one kernel.
   const CUtensorMap a_map = ch07::encode_tensor_map(a_spec, "a");
   const CUtensorMap w_map = ch07::encode_tensor_map(w_spec, "w");
