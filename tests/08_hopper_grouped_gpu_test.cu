@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "grouped_epilogue_checks.hpp"
 #include "grouped_gemm_problems.hpp"
 #include "hopper_gemm_checks.hpp"
 #include "hopper_grouped_gemm.hpp"
@@ -185,32 +186,13 @@ TEST_F(HopperGroupedGpu, EpiloguesMatchFp64) {
   std::vector<float> scale(static_cast<std::size_t>(p.shape.m_total));
   std::mt19937_64 rng(seed);
   for (float& s : scale) s = 0.25f + static_cast<float>(rng() % 1000) / 1000.0f;
-  const std::int64_t rows = p.offsets.back(), n = p.shape.n;
   for (GroupedStep step : kSteps) {
     SCOPED_TRACE(kc::ch08::to_string(step));
     for (EpilogueKind kind : {EpilogueKind::swiglu, EpilogueKind::row_scale}) {
       SCOPED_TRACE(kind == EpilogueKind::swiglu ? "swiglu" : "row_scale");
       const StepRun run = run_step(p, step, {kind}, &scale);
       EXPECT_EQ(run.guard_damage, 0u);
-      const std::int64_t n_out = kc::ch08::output_columns(n, kind);
-      std::vector<bf16> got;
-      std::vector<double> want;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t col = 0; col < n_out; col += (r % 7 == 0 ? 1 : 37)) {
-          got.push_back(run.c[static_cast<std::size_t>(r * n_out + col)]);
-          if (kind == EpilogueKind::swiglu) {
-            const double gate = kc::test::grouped::reference_element(p, r, col);
-            const double up = kc::test::grouped::reference_element(p, r, n / 2 + col);
-            want.push_back(gate / (1.0 + std::exp(-gate)) * up);
-          } else {
-            want.push_back(scale[static_cast<std::size_t>(r)] * kc::test::grouped::reference_element(p, r, col));
-          }
-        }
-      }
-      kc::test::expect_close(kc::compare<bf16>(got, want, kc::test::kPoisonByte), kTolerance, "vs fp64");
-      const std::span<const bf16> beyond(run.c.data() + rows * n_out,
-                                         static_cast<std::size_t>((p.shape.m_total - rows) * n_out));
-      EXPECT_EQ(kc::count_poisoned(beyond, kc::test::kPoisonByte), beyond.size()) << "wrote rows of no expert";
+      kc::test::grouped::expect_epilogue_matches_fp64(p, kind, scale, run.c);
     }
   }
 }

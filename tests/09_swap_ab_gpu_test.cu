@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "grouped_epilogue_checks.hpp"
 #include "grouped_gemm_problems.hpp"
 #include "hopper_gemm_checks.hpp"
 #include "hopper_grouped_gemm.hpp"
@@ -184,34 +185,15 @@ TEST_F(SwapAbGpu, EpiloguesMatchChapter8AndFp64) {
   std::vector<float> scale(static_cast<std::size_t>(p.shape.m_total));
   std::mt19937_64 rng(seed);
   for (float& s : scale) s = 0.25f + static_cast<float>(rng() % 1000) / 1000.0f;
-  const std::int64_t rows = p.offsets.back(), n = p.shape.n;
   for (EpilogueKind kind : {EpilogueKind::swiglu, EpilogueKind::row_scale}) {
     SCOPED_TRACE(kind == EpilogueKind::swiglu ? "swiglu" : "row_scale");
     const std::vector<bf16> ch08 = run(p, Kernel::ch08_after, {kind}, &scale).c;
-    const std::int64_t n_out = kc::ch08::output_columns(n, kind);
     for (Kernel kernel : kSwappedKernels) {
       SCOPED_TRACE(name_of(kernel));
       const Output got = run(p, kernel, {kind}, &scale);
       EXPECT_EQ(got.guard_damage, 0u);
       EXPECT_TRUE(same_bytes(got.c, ch08)) << "differs from Chapter 8's after";
-      std::vector<bf16> sampled;
-      std::vector<double> want;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t col = 0; col < n_out; col += (r % 7 == 0 ? 1 : 37)) {
-          sampled.push_back(got.c[static_cast<std::size_t>(r * n_out + col)]);
-          if (kind == EpilogueKind::swiglu) {
-            const double gate = kc::test::grouped::reference_element(p, r, col);
-            const double up = kc::test::grouped::reference_element(p, r, n / 2 + col);
-            want.push_back(gate / (1.0 + std::exp(-gate)) * up);
-          } else {
-            want.push_back(scale[static_cast<std::size_t>(r)] * kc::test::grouped::reference_element(p, r, col));
-          }
-        }
-      }
-      kc::test::expect_close(kc::compare<bf16>(sampled, want, kc::test::kPoisonByte), kTolerance, "vs fp64");
-      const std::span<const bf16> beyond(got.c.data() + rows * n_out,
-                                         static_cast<std::size_t>((p.shape.m_total - rows) * n_out));
-      EXPECT_EQ(kc::count_poisoned(beyond, kc::test::kPoisonByte), beyond.size()) << "wrote rows of no expert";
+      kc::test::grouped::expect_epilogue_matches_fp64(p, kind, scale, got.c);
     }
   }
 }
