@@ -1,0 +1,237 @@
+// Chapter 10 benchmark: the forward pass of an MoE block (moe_layer.hpp), bf16, on Hopper.
+//
+// Cases `<model>_T<T>_bf16`: DeepSeek-V3 (dsv3: H 7168, I 2048, 256 experts, top-8 grouped routing,
+// one shared expert), Mixtral 8×7B (mixtral: H 4096, I 14336, 8 experts, top-2) and Qwen3-30B-A3B
+// (qwen3_30b_a3b: H 2048, I 768, 128 experts, top-8), T ∈ {1, 8, 64, 512, 4096}. x is uniform in
+// [-1, 1]; the weights are uniform and scaled by 1 / sqrt(fan-in), as a trained layer's are, so the
+// routing spreads the tokens as a real router does (DeepSeek-V3's correction bias uniform in ±0.1).
+// Variants: before (moe_layer_before: the earlier chapters' kernels one stage after another), limit
+// (the longer of the fewest bytes at the copy rate and the sum of cuBLAS's dense GEMMs of the
+// layer's projections: the router [T, E, H], up [T · k, 2I, H], down [T · k, H, I], and the shared
+// expert's two, each timed back to back for at least 20 ms after an untimed batch). PyTorch's module
+// comes from tools/pytorch_baselines.py.
+//
+// Counters: every variant counts the same fewest bytes (x and y once, the router, the shared expert
+// and every routed expert with at least one token, from the routing this benchmark's own layer
+// computes, copied back once outside the timing) and FLOPs (moe_flops); limit adds copy_floor_us and
+// gemm_floor_us. Every launch runs after an L2 flush (outside the timing): Qwen3's active experts at
+// T = 1 are 75 MB, about the L2's size.
+//
+// Hopper only: on another GPU, or in a build without sm_90a kernels, the program registers nothing and
+// says why.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "hopper_gemm.hpp"
+#include "kc/bench.hpp"
+#include "kc/check.hpp"
+#include "kc/device_buffer.hpp"
+#include "kc/random.hpp"
+#include "kc/timer.hpp"
+#include "moe_layer.hpp"
+#include "vendor_cublas.hpp"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using kc::ch10::MoeConfig;
+
+// limit's floors are timed in batches of at least this long.
+constexpr double kSteadyBatchSeconds = 0.02;
+
+// The layer's weights and input on the device, filled as the top of the file says.
+struct DeviceLayer {
+  kc::DeviceBuffer<bf16> x, router, up, down, shared_up, shared_down;
+  kc::DeviceBuffer<float> bias;
+
+  DeviceLayer(const MoeConfig& c, std::int64_t tokens)
+      : x(static_cast<std::size_t>(tokens * c.hidden)),
+        router(static_cast<std::size_t>(c.experts * c.hidden)),
+        up(static_cast<std::size_t>(c.experts * 2 * c.intermediate * c.hidden)),
+        down(static_cast<std::size_t>(c.experts * c.hidden * c.intermediate)),
+        shared_up(static_cast<std::size_t>(std::max<std::int64_t>(2 * c.shared_intermediate * c.hidden, 8))),
+        shared_down(static_cast<std::size_t>(std::max<std::int64_t>(c.hidden * c.shared_intermediate, 8))),
+        bias(static_cast<std::size_t>(c.experts)) {
+    const double h = static_cast<double>(c.hidden);
+    kc::fill_uniform_device(x.data(), x.size(), 1, -1.0, 1.0);
+    kc::fill_uniform_device(router.data(), router.size(), 2, -2.0 / std::sqrt(h), 2.0 / std::sqrt(h));
+    kc::fill_uniform_device(up.data(), up.size(), 3, -1.0 / std::sqrt(h), 1.0 / std::sqrt(h));
+    const double di = 1.0 / std::sqrt(static_cast<double>(c.intermediate));
+    kc::fill_uniform_device(down.data(), down.size(), 4, -di, di);
+    kc::fill_uniform_device(shared_up.data(), shared_up.size(), 5, -1.0 / std::sqrt(h), 1.0 / std::sqrt(h));
+    kc::fill_uniform_device(shared_down.data(), shared_down.size(), 6, -di, di);
+    kc::fill_uniform_device(bias.data(), bias.size(), 7, -0.1, 0.1);
+    kc::check(cudaDeviceSynchronize());
+  }
+
+  kc::ch10::MoeWeights weights(const MoeConfig& c) const {
+    kc::ch10::MoeWeights w;
+    w.router = router.data();
+    w.up = up.data();
+    w.down = down.data();
+    if (c.scoring == kc::ch04::Scoring::deepseek_v3) w.correction_bias = bias.data();
+    if (c.shared_intermediate > 0) {
+      w.shared_up = shared_up.data();
+      w.shared_down = shared_down.data();
+    }
+    return w;
+  }
+};
+
+struct Case {
+  MoeConfig config;
+  std::int64_t tokens;
+  std::string label;
+};
+
+std::vector<Case> benchmark_cases() {
+  std::vector<Case> cases;
+  for (const MoeConfig& c : {kc::ch10::deepseek_v3(), kc::ch10::mixtral_8x7b(), kc::ch10::qwen3_30b_a3b()}) {
+    for (std::int64_t t : {1, 8, 64, 512, 4096}) cases.push_back({c, t, c.name + "_T" + std::to_string(t) + "_bf16"});
+  }
+  return cases;
+}
+
+// The routing's expert counts of this layer (one untimed launch), for the fewest bytes.
+std::vector<std::int32_t> routed_counts(const Case& cs, const DeviceLayer& layer, void* workspace,
+                                        std::size_t workspace_bytes, bf16* y, cudaStream_t stream) {
+  kc::ch10::moe_layer_before(cs.config, cs.tokens, layer.x.data(), layer.weights(cs.config), y, workspace,
+                             workspace_bytes, stream);
+  std::vector<std::int32_t> counts(static_cast<std::size_t>(cs.config.experts));
+  const kc::ch10::MoeRoutingView view = kc::ch10::moe_routing_in(cs.config, cs.tokens, workspace);
+  kc::check(cudaMemcpyAsync(counts.data(), view.counts, counts.size() * 4, cudaMemcpyDeviceToHost, stream));
+  kc::check(cudaStreamSynchronize(stream));
+  return counts;
+}
+
+void set_case_counters(benchmark::State& state, const Case& cs, const std::vector<std::int32_t>& counts) {
+  kc::bench::set_counters(state, kc::ch10::moe_min_bytes(cs.config, cs.tokens, counts),
+                          kc::ch10::moe_flops(cs.config, cs.tokens));
+}
+
+void bench_before(benchmark::State& state, const Case& cs, const kc::DeviceInfo& device) {
+  const DeviceLayer layer(cs.config, cs.tokens);
+  kc::DeviceBuffer<unsigned char> workspace(kc::ch10::moe_workspace_bytes(cs.config, cs.tokens));
+  kc::DeviceBuffer<bf16> y(static_cast<std::size_t>(cs.tokens * cs.config.hidden));
+  cudaStream_t stream;
+  kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<std::int32_t> counts;
+  try {
+    counts = routed_counts(cs, layer, workspace.data(), workspace.size(), y.data(), stream);  // and the warm-up
+  } catch (const kc::ch07::UnsupportedGpu& e) {
+    kc::check(cudaStreamDestroy(stream));
+    state.SkipWithError(e.what());
+    return;
+  }
+  kc::bench::L2Flusher flusher(device);
+  const kc::ch10::MoeWeights weights = layer.weights(cs.config);
+  kc::bench::time_batches(
+      state, stream, 1,
+      [&](int) {
+        kc::ch10::moe_layer_before(cs.config, cs.tokens, layer.x.data(), weights, y.data(), workspace.data(),
+                                   workspace.size(), stream);
+      },
+      [&] { flusher.flush(stream); });
+  kc::check(cudaStreamDestroy(stream));
+  set_case_counters(state, cs, counts);
+}
+
+// limit: see the top of the file.
+void bench_limit(benchmark::State& state, const Case& cs) {
+  const MoeConfig& c = cs.config;
+  const DeviceLayer layer(c, cs.tokens);
+  kc::DeviceBuffer<unsigned char> workspace(kc::ch10::moe_workspace_bytes(c, cs.tokens));
+  kc::DeviceBuffer<bf16> y(static_cast<std::size_t>(cs.tokens * c.hidden));
+  cudaStream_t stream;
+  kc::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<std::int32_t> counts;
+  try {
+    counts = routed_counts(cs, layer, workspace.data(), workspace.size(), y.data(), stream);
+  } catch (const kc::ch07::UnsupportedGpu& e) {
+    kc::check(cudaStreamDestroy(stream));
+    state.SkipWithError(e.what());
+    return;
+  }
+  const double min_bytes = kc::ch10::moe_min_bytes(c, cs.tokens, counts);
+  // The dense GEMMs: each projection over all its rows, operands from the layer's own buffers (the
+  // routed ones read expert 0's weights: the same shape and bytes as any expert's).
+  const std::int64_t pairs = cs.tokens * c.k, h = c.hidden, i = c.intermediate, s = c.shared_intermediate;
+  const std::int64_t widest = std::max({pairs * 2 * i, pairs * h, cs.tokens * 2 * s, cs.tokens * h});
+  kc::DeviceBuffer<bf16> a(static_cast<std::size_t>(pairs * std::max(h, 2 * i))), out(static_cast<std::size_t>(widest));
+  kc::fill_uniform_device(a.data(), a.size(), 8, -1.0, 1.0);
+  struct Gemm {
+    const bf16* w;
+    kc::ch02::GemmShape shape;
+  };
+  std::vector<Gemm> gemms{{layer.router.data(), {cs.tokens, c.experts, h}},
+                          {layer.up.data(), {pairs, 2 * i, h}},
+                          {layer.down.data(), {pairs, h, i}}};
+  if (s > 0) {
+    gemms.push_back({layer.shared_up.data(), {cs.tokens, 2 * s, h}});
+    gemms.push_back({layer.shared_down.data(), {cs.tokens, h, s}});
+  }
+  const kc::ch02::CublasHandle cublas;
+  auto all_gemms = [&](int) {
+    for (const Gemm& g : gemms) kc::ch02::cublas_gemm_bf16(cublas, a.data(), g.w, out.data(), g.shape, stream);
+  };
+  const std::size_t copy_bytes = std::min(static_cast<std::size_t>(min_bytes / 2), std::size_t{1} << 30);
+  kc::DeviceBuffer<unsigned char> src(copy_bytes), dst(copy_bytes);
+  src.fill_bytes(1);
+  auto copy = [&](int) {
+    kc::check(cudaMemcpyAsync(dst.data(), src.data(), copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  };
+  all_gemms(0);  // warm-up: cuBLAS's heuristics
+  kc::check(cudaStreamSynchronize(stream));
+  // Batches sized from rates above any Hopper GPU's (5 TB/s, 1 PFLOP/s), the same in every repetition.
+  double gemm_flops = 0.0;
+  for (const Gemm& g : gemms) gemm_flops += 2.0 * g.shape.m * g.shape.n * g.shape.k;
+  const int copies = std::max(1, static_cast<int>(std::ceil(kSteadyBatchSeconds / (2.0 * copy_bytes / 5e12))));
+  const int batch = std::max(1, static_cast<int>(std::ceil(kSteadyBatchSeconds / (gemm_flops / 1e15))));
+  kc::EventTimer timer;
+  timer.time_launches(stream, copies, copy);  // settle
+  const double copy_s = timer.time_launches(stream, copies, copy) * 1e-3;
+  const double bytes_s = min_bytes / (2.0 * static_cast<double>(copy_bytes) / copy_s);
+  timer.time_launches(stream, batch, all_gemms);  // settle
+  double gemm_total = 0.0;
+  while (state.KeepRunningBatch(batch)) {
+    const double gemm_s = timer.time_launches(stream, batch, all_gemms) * 1e-3;  // per layer's GEMMs
+    gemm_total += gemm_s * batch;
+    state.SetIterationTime(std::max(bytes_s, gemm_s) * batch);
+  }
+  kc::check(cudaStreamDestroy(stream));
+  set_case_counters(state, cs, counts);
+  const double iterations = static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  state.counters["copy_floor_us"] = bytes_s * 1e6;
+  state.counters["gemm_floor_us"] = gemm_total / iterations * 1e6;
+}
+
+void register_benchmarks(const kc::DeviceInfo& device) {
+  if (auto reason = kc::ch07::hopper_unsupported_reason(device.cc_major, device.cc_minor)) {
+    std::printf("Skipping Chapter 10's benchmarks: %s\n", reason->c_str());
+    return;
+  }
+  if (!kc::ch07::hopper_kernels_built()) {
+    std::printf("Skipping Chapter 10's benchmarks: built without sm_90a kernels (no 90 architecture)\n");
+    return;
+  }
+  const std::vector<Case> all = benchmark_cases();
+  std::vector<std::string> labels;
+  for (const Case& cs : all) labels.push_back(cs.label);
+  kc::bench::check_case_labels(labels);
+  for (const Case& cs : all) {
+    kc::bench::configure(benchmark::RegisterBenchmark(
+        ("ch10/before/" + cs.label).c_str(), [cs, device](benchmark::State& st) { bench_before(st, cs, device); }));
+    kc::bench::configure(benchmark::RegisterBenchmark(("ch10/limit/" + cs.label).c_str(),
+                                                      [cs](benchmark::State& st) { bench_limit(st, cs); }));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return kc::bench::run(argc, argv, register_benchmarks, 9, 0); }
