@@ -105,6 +105,11 @@ std::optional<std::string> hopper_unsupported_reason(int cc_major, int cc_minor)
 /// entry); false for the stub build that can only report what it needs.
 bool hopper_kernels_built();
 
+/// Why the Hopper kernels cannot run here, or std::nullopt when they can: hopper_unsupported_reason for a
+/// GPU of compute capability @p cc_major.@p cc_minor, else "built without sm_90a kernels (no 90
+/// architecture)" in a build without them. For callers that skip rather than throw (the benchmarks).
+std::optional<std::string> hopper_unavailable_reason(int cc_major, int cc_minor);
+
 /// Throws UnsupportedGpu unless @p kernels_built and the current GPU is sm_90: "<chapter> was built
 /// without sm_90a kernels: configure with a 90 entry in CMAKE_CUDA_ARCHITECTURES ...", or
 /// hopper_unsupported_reason's words. The Hopper chapters ask it after every host-side rule, before

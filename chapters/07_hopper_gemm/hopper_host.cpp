@@ -92,6 +92,12 @@ std::optional<std::string> hopper_unsupported_reason(int cc_major, int cc_minor)
 
 bool hopper_kernels_built() { return detail::kernels_built(); }
 
+std::optional<std::string> hopper_unavailable_reason(int cc_major, int cc_minor) {
+  if (auto reason = hopper_unsupported_reason(cc_major, cc_minor)) return reason;
+  if (!detail::kernels_built()) return "built without sm_90a kernels (no 90 architecture)";
+  return std::nullopt;
+}
+
 void require_hopper(const char* chapter, bool kernels_built) {
   if (!kernels_built) {
     throw UnsupportedGpu(std::string(chapter) +
