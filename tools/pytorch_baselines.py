@@ -1075,6 +1075,156 @@ def _bmm_baseline(env: Env, chapter: str, cases: Sequence[Any], sizes_of: Dict[s
     return results
 
 
+# Chapter 10's configurations (chapters/10_moe_layer/moe_config.cpp): name -> hidden H, intermediate I,
+# experts E, top-k, routing ("softmax" renormalised, or "dsv3": grouped sigmoid routing with n_group,
+# topk_group and the scaling factor), shared expert intermediate (0: none).
+CH10_CONFIGS = {
+    "dsv3": {"hidden": 7168, "intermediate": 2048, "experts": 256, "k": 8, "routing": "dsv3", "n_group": 8,
+             "topk_group": 4, "scale": 2.5, "shared": 2048},
+    "mixtral": {"hidden": 4096, "intermediate": 14336, "experts": 8, "k": 2, "routing": "softmax", "shared": 0},
+    "qwen3_30b_a3b": {"hidden": 2048, "intermediate": 768, "experts": 128, "k": 8, "routing": "softmax",
+                      "shared": 0},
+}
+CH10_TOKENS = (1, 8, 64, 512, 4096)
+
+
+def ch10_case_label(model: str, tokens: int) -> str:
+    """The C++ benchmark's label: ``<model>_T<T>_bf16``."""
+    return "%s_T%d_bf16" % (model, tokens)
+
+
+def ch10_min_bytes(config: Dict[str, Any], tokens: int, counts: Sequence[int]) -> float:
+    """moe_min_bytes: x and y once, the router (and DeepSeek-V3's fp32 correction bias), the shared
+    expert and every routed expert with a token, in bf16."""
+    h, i, e = config["hidden"], config["intermediate"], config["experts"]
+    active = sum(1 for c in counts if c > 0)
+    elements = 2 * tokens * h + e * h + 3 * config["shared"] * h + active * 3 * i * h
+    return 2.0 * elements + (4.0 * e if config["routing"] == "dsv3" else 0.0)
+
+
+def ch10_flops(config: Dict[str, Any], tokens: int) -> float:
+    """moe_flops: the router, T · k rows through the routed MLPs, T rows through the shared one."""
+    h, i = config["hidden"], config["intermediate"]
+    return (2.0 * tokens * h * config["experts"] + 2.0 * tokens * config["k"] * 3 * i * h
+            + 2.0 * tokens * 3 * config["shared"] * h)
+
+
+def _ch10_layer(env: Env, config: Dict[str, Any], tokens: int, generator: Any) -> Dict[str, Any]:
+    """The layer's tensors, filled as bench/10_moe_layer_bench.cu fills its own: x uniform in [-1, 1],
+    weights uniform and scaled by 1 / sqrt(fan-in), the correction bias in ±0.1."""
+    torch = env.torch
+    h, i, e, s = config["hidden"], config["intermediate"], config["experts"], config["shared"]
+
+    def uniform(shape: Tuple[int, ...], bound: float, dtype: Any = torch.bfloat16) -> Any:
+        return torch.empty(shape, device=env.device, dtype=dtype).uniform_(-bound, bound, generator=generator)
+    return {"x": uniform((tokens, h), 1.0), "router": uniform((e, h), 2.0 / h ** 0.5),
+            "up": uniform((e, 2 * i, h), 1.0 / h ** 0.5), "down": uniform((e, h, i), 1.0 / i ** 0.5),
+            "shared_up": uniform((2 * s, h), 1.0 / h ** 0.5) if s else None,
+            "shared_down": uniform((h, s), 1.0 / s ** 0.5) if s else None,
+            "bias": uniform((e,), 0.1, torch.float32)}
+
+
+def _ch10_route(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Tuple[Any, Any]:
+    """The router as model code writes it: (weights [T, k] fp32, ids [T, k])."""
+    logits = (layer["x"] @ layer["router"].t()).float()
+    k = config["k"]
+    if config["routing"] == "softmax":
+        weights, ids = torch.softmax(logits, dim=-1).topk(k, dim=-1)
+        return weights / weights.sum(dim=-1, keepdim=True), ids
+    scores = logits.sigmoid()
+    biased = scores + layer["bias"]
+    t, g = biased.shape[0], config["n_group"]
+    group_scores = biased.view(t, g, -1).topk(2, dim=-1).values.sum(dim=-1)
+    keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(config["topk_group"], dim=-1).indices, 1.0)
+    mask = keep.unsqueeze(-1).expand(t, g, biased.shape[1] // g).reshape(t, -1)
+    ids = biased.masked_fill(mask == 0, float("-inf")).topk(k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    return weights / weights.sum(dim=-1, keepdim=True) * config["scale"], ids
+
+
+def _ch10_shared(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Any:
+    """The shared expert: every token through one dense SwiGLU MLP."""
+    s = config["shared"]
+    gate_up = layer["x"] @ layer["shared_up"].t()
+    return (torch.nn.functional.silu(gate_up[:, :s]) * gate_up[:, s:]) @ layer["shared_down"].t()
+
+
+def _ch10_grouped(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Any:
+    """The layer as serving frameworks write it: topk, argsort, index_select, torch._grouped_mm,
+    SiLU · up, the routing weight, index_add; no host synchronisation."""
+    weights, ids = _ch10_route(torch, config, layer)
+    x, k, i, e = layer["x"], config["k"], config["intermediate"], config["experts"]
+    flat = ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    token_of_row = order // k
+    # Counts by a scatter, not torch.bincount: bincount sizes its output from the largest id, a host
+    # synchronisation that a CUDA graph cannot capture.
+    counts = torch.zeros(e, device=flat.device, dtype=torch.int64).index_add_(0, flat, torch.ones_like(flat))
+    ends = counts.cumsum(0).to(torch.int32)
+    gate_up = torch._grouped_mm(x.index_select(0, token_of_row), layer["up"].transpose(-2, -1), offs=ends)
+    h = torch.nn.functional.silu(gate_up[:, :i]) * gate_up[:, i:]
+    out = torch._grouped_mm(h, layer["down"].transpose(-2, -1), offs=ends)
+    out = out * weights.reshape(-1)[order].unsqueeze(1).to(out.dtype)
+    y = torch.zeros_like(x).index_add_(0, token_of_row, out)
+    return y + _ch10_shared(torch, config, layer) if config["shared"] else y
+
+
+def _ch10_loop(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Any:
+    """The per-expert loop many model ports still use: for each expert, its tokens (found with a host
+    synchronisation), two matmuls, SiLU · up, weighted, added into y."""
+    weights, ids = _ch10_route(torch, config, layer)
+    x, i = layer["x"], config["intermediate"]
+    y = torch.zeros_like(x)
+    for e in range(config["experts"]):
+        token, slot = torch.where(ids == e)
+        if token.numel() == 0:
+            continue
+        gate_up = x[token] @ layer["up"][e].t()
+        h = torch.nn.functional.silu(gate_up[:, :i]) * gate_up[:, i:]
+        y.index_add_(0, token, (h @ layer["down"][e].t()) * weights[token, slot].unsqueeze(1).to(x.dtype))
+    return y + _ch10_shared(torch, config, layer) if config["shared"] else y
+
+
+@baseline("ch10")
+def ch10_moe_layer(env: Env) -> List[CaseResult]:
+    """Chapter 10's layer in PyTorch on every configuration and T: ``pytorch`` (the grouped module,
+    _ch10_grouped, replayed from a CUDA graph as a serving framework runs it), ``pytorch_eager`` (the
+    same calls eagerly) and ``pytorch_loop`` (_ch10_loop, eager: its host synchronisations keep it
+    out of a graph). The loop is checked against the grouped module before any timing. Counted with
+    this run's own routing (ch10_min_bytes over its expert counts) and ch10_flops."""
+    torch = env.torch
+    if not hasattr(torch, "_grouped_mm"):
+        env.log("ch10: torch %s has no torch._grouped_mm; skipped" % torch.__version__)
+        return []
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed)
+    evict = l2_evictor(env)
+    results = []
+    for model, config in CH10_CONFIGS.items():
+        for tokens in CH10_TOKENS:
+            label = ch10_case_label(model, tokens)
+            layer = _ch10_layer(env, config, tokens, generator)
+            grouped = _ch10_grouped(torch, config, layer)
+            loop = _ch10_loop(torch, config, layer)
+            err = ((grouped.float() - loop.float()).norm() / loop.float().norm()).item()
+            if not err < 2e-2:
+                raise RuntimeError("ch10 %s: the grouped module differs from the loop by %.3g" % (label, err))
+            counts = torch.bincount(_ch10_route(torch, config, layer)[1].reshape(-1),
+                                    minlength=config["experts"]).tolist()
+            fields = {"min_bytes": ch10_min_bytes(config, tokens, counts), "flop_count": ch10_flops(config, tokens),
+                      "counters": {"launches_per_batch": 1.0, "rotating_sets": 1.0}}
+            grouped_call = functools.partial(_ch10_grouped, torch, config, layer)
+            results += graph_and_eager_results(env, "ch10", label, [grouped_call], 1, evict, **fields)
+            timed = time_samples(env, [functools.partial(_ch10_loop, torch, config, layer)], 1)
+            results.append(CaseResult(chapter="ch10", case=label, variant="pytorch_loop", times_s=timed["times"],
+                                      cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], **fields))
+            env.log("ch10 pytorch_loop %s: median %.1f us per launch"
+                    % (label, statistics.median(timed["times"]) * 1e6))
+            del layer, grouped, loop
+            torch.cuda.empty_cache()
+    return results
+
+
 def add_kernel_labels(doc: Dict[str, Any], results: Sequence[CaseResult]) -> int:
     """Writes each result's kernels into the ``label`` of the entries of ``doc`` (a timed run's
     JSON) that have its run_name; returns how many cases were labelled. A result without kernels,
@@ -1151,7 +1301,7 @@ def list_kernels(chapters: Sequence[str], out_dir: str, log: Callable[[str], Non
 # call at M <= 128 is not (three or four operators of Python and dispatch), so its rows replay a graph
 # to time the GPU, as the C++ rows do.
 CHAPTER_MIN_TIME_S = {"ch04": 0.1}
-CHAPTER_TIMING = {"ch03": GRAPH_REPLAY_TIMING, "ch04": GRAPH_REPLAY_TIMING}
+CHAPTER_TIMING = {"ch03": GRAPH_REPLAY_TIMING, "ch04": GRAPH_REPLAY_TIMING, "ch10": GRAPH_REPLAY_TIMING}
 
 
 def chapter_context(context: Dict[str, Any], chapter_id: str, min_time_s: float) -> Dict[str, Any]:

@@ -178,6 +178,29 @@ class NoGpuTest(unittest.TestCase):
             self.assertEqual(os.listdir(tmp), [])
 
 
+class Ch10NumbersTest(unittest.TestCase):
+    """Chapter 10's labels and two numbers, as the C++ benchmark (bench/10_moe_layer_bench.cu) and
+    chapters/10_moe_layer/moe_config.cpp count them."""
+
+    def test_labels_match_the_cpp_cases(self):
+        labels = [pb.ch10_case_label(m, t) for m in pb.CH10_CONFIGS for t in pb.CH10_TOKENS]
+        self.assertEqual(len(labels), 15)
+        self.assertIn("dsv3_T4096_bf16", labels)
+        self.assertIn("qwen3_30b_a3b_T1_bf16", labels)
+        for a in labels:
+            for b in labels:
+                self.assertFalse(a != b and b.startswith(a), (a, b))
+
+    def test_bytes_and_flops_worked_by_hand(self):
+        tiny = {"hidden": 64, "intermediate": 32, "experts": 8, "k": 2, "routing": "softmax", "shared": 16}
+        counts = [4, 0, 0, 0, 0, 2, 0, 0]
+        elements = 2 * 3 * 64 + 8 * 64 + 3 * 16 * 64 + 2 * (3 * 32 * 64)
+        self.assertEqual(pb.ch10_min_bytes(tiny, 3, counts), 2.0 * elements)
+        self.assertEqual(pb.ch10_flops(tiny, 3), 2.0 * 3 * 64 * 8 + 2.0 * 3 * 2 * 3 * 32 * 64 + 2.0 * 3 * 3 * 16 * 64)
+        dsv3 = pb.CH10_CONFIGS["dsv3"]
+        self.assertAlmostEqual(pb.ch10_min_bytes(dsv3, 4096, [1] * 256) / 1e9, 22.7, delta=0.1)
+
+
 if __name__ == "__main__":
     unittest.main()
 
