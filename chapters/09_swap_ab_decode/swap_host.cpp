@@ -37,13 +37,13 @@ void validate_swap_ab(const GroupedGemmShape& shape, const __nv_bfloat16* a, con
   if (!kc::aligned_to(c, 16)) throw InvalidArgument("c must be 16-byte aligned for the transposed store");
 }
 
-void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                          __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                          cudaStream_t stream) {
-  // 1. Every rule, before any CUDA call.
-  to_string(step);  // throws for a value that is no step
-  validate_swap_ab(shape, a, w, c, offsets, epilogue);
-  if (shape.m_total == 0) return;  // no rows: nothing to compute or write
+namespace {
+
+// A swapped launch whose arguments have passed validate_swap_ab, M_total > 0: the tensor maps' rules,
+// the GPU, then the maps and the one kernel.
+void enqueue_swapped(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                     __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                     cudaStream_t stream) {
   const int tokens =
       step == SwapStep::token_tile ? decode_choice(shape.m_total, shape.experts).token_tile : kMaxTokenTile;
   const ch07::TensorMapSpec a_spec = ch07::bf16_row_major_map(a, shape.m_total, shape.k, tokens);
@@ -51,9 +51,7 @@ void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __
       ch07::bf16_row_major_map(w, static_cast<std::int64_t>(shape.experts) * shape.n, shape.k, kWBoxRows);
   ch07::validate_tensor_map(a_spec, "a");
   ch07::validate_tensor_map(w_spec, "w");
-  // 2. Can this build and GPU run it?
   ch07::require_hopper("Chapter 9", detail::kernels_built());
-  // 3. Maps (host-only encoding) and the one kernel.
   const CUtensorMap a_map = ch07::encode_tensor_map(a_spec, "a");
   const CUtensorMap w_map = ch07::encode_tensor_map(w_spec, "w");
   detail::SwapArgs args;
@@ -70,6 +68,18 @@ void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __
   detail::launch_swapped(step, tokens, epilogue.kind == EpilogueKind::swiglu, a_map, w_map, args, tile_bound, stream);
 }
 
+}  // namespace
+
+void grouped_gemm_swap_ab(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
+                          __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                          cudaStream_t stream) {
+  // Every rule, before any CUDA call.
+  to_string(step);  // throws for a value that is no step
+  validate_swap_ab(shape, a, w, c, offsets, epilogue);
+  if (shape.m_total == 0) return;  // no rows: nothing to compute or write
+  enqueue_swapped(step, shape, a, w, c, offsets, epilogue, stream);
+}
+
 void grouped_gemm_decode(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
                          __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
                          void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
@@ -78,7 +88,7 @@ void grouped_gemm_decode(const GroupedGemmShape& shape, const __nv_bfloat16* a, 
   ch08::validate_grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes);
   if (shape.m_total == 0) return;
   if (decode_choice(shape.m_total, shape.experts).swapped) {
-    grouped_gemm_swap_ab(SwapStep::token_tile, shape, a, w, c, offsets, epilogue, stream);
+    enqueue_swapped(SwapStep::token_tile, shape, a, w, c, offsets, epilogue, stream);
   } else {
     ch08::grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
   }

@@ -42,7 +42,7 @@ void validate_moe_layer(const MoeConfig& config, std::int64_t tokens, const __nv
   if (kc::overlaps(x, rows_bytes, y, rows_bytes)) throw InvalidArgument("y must not overlap x");
   if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
   if (!kc::aligned_to(workspace, 256)) throw InvalidArgument("workspace must be 256-byte aligned");
-  const std::size_t need = moe_workspace_bytes(config, tokens);
+  const std::size_t need = detail::MoeWorkspace(config, tokens, nullptr).bytes;  // the rules above hold
   if (workspace_bytes < need) {
     throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) + ") must be at least " +
                           std::to_string(need) + " (moe_workspace_bytes)");
