@@ -5,7 +5,8 @@
 // (qwen3_30b_a3b: H 2048, I 768, 128 experts, top-8), T ∈ {1, 8, 64, 512, 4096}. x is uniform in
 // [-1, 1]; the weights are uniform and scaled by 1 / sqrt(fan-in), as a trained layer's are, so the
 // routing spreads the tokens as a real router does (DeepSeek-V3's correction bias uniform in ±0.1).
-// Variants: before (moe_layer_before: the earlier chapters' kernels one stage after another), limit
+// Variants: before (moe_layer_before: the earlier chapters' kernels one stage after another), the
+// fusion steps (step3 only where the model has a shared expert), after (moe_layer_after), limit
 // (the longer of the fewest bytes at the copy rate and the sum of cuBLAS's dense GEMMs of the
 // layer's projections: the router [T, E, H], up [T · k, 2I, H], down [T · k, H, I], and the shared
 // expert's two, each timed back to back for at least 20 ms after an untimed batch). PyTorch's module
@@ -25,6 +26,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,22 +44,22 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using kc::ch10::MoeConfig;
+using kc::ch10::MoeStep;
 
 // limit's floors are timed in batches of at least this long.
 constexpr double kSteadyBatchSeconds = 0.02;
 
-// The layer's weights and input on the device, filled as the top of the file says.
+// The layer's weights and input on the device, filled as the top of the file says (the routed
+// experts, then the shared ones, in up and down).
 struct DeviceLayer {
-  kc::DeviceBuffer<bf16> x, router, up, down, shared_up, shared_down;
+  kc::DeviceBuffer<bf16> x, router, up, down;
   kc::DeviceBuffer<float> bias;
 
   DeviceLayer(const MoeConfig& c, std::int64_t tokens)
       : x(static_cast<std::size_t>(tokens * c.hidden)),
         router(static_cast<std::size_t>(c.experts * c.hidden)),
-        up(static_cast<std::size_t>(c.experts * 2 * c.intermediate * c.hidden)),
-        down(static_cast<std::size_t>(c.experts * c.hidden * c.intermediate)),
-        shared_up(static_cast<std::size_t>(std::max<std::int64_t>(2 * c.shared_intermediate * c.hidden, 8))),
-        shared_down(static_cast<std::size_t>(std::max<std::int64_t>(c.hidden * c.shared_intermediate, 8))),
+        up(static_cast<std::size_t>((c.experts + c.shared_experts) * 2 * c.intermediate * c.hidden)),
+        down(static_cast<std::size_t>((c.experts + c.shared_experts) * c.hidden * c.intermediate)),
         bias(static_cast<std::size_t>(c.experts)) {
     const double h = static_cast<double>(c.hidden);
     kc::fill_uniform_device(x.data(), x.size(), 1, -1.0, 1.0);
@@ -64,8 +67,6 @@ struct DeviceLayer {
     kc::fill_uniform_device(up.data(), up.size(), 3, -1.0 / std::sqrt(h), 1.0 / std::sqrt(h));
     const double di = 1.0 / std::sqrt(static_cast<double>(c.intermediate));
     kc::fill_uniform_device(down.data(), down.size(), 4, -di, di);
-    kc::fill_uniform_device(shared_up.data(), shared_up.size(), 5, -1.0 / std::sqrt(h), 1.0 / std::sqrt(h));
-    kc::fill_uniform_device(shared_down.data(), shared_down.size(), 6, -di, di);
     kc::fill_uniform_device(bias.data(), bias.size(), 7, -0.1, 0.1);
     kc::check(cudaDeviceSynchronize());
   }
@@ -76,13 +77,23 @@ struct DeviceLayer {
     w.up = up.data();
     w.down = down.data();
     if (c.scoring == kc::ch04::Scoring::deepseek_v3) w.correction_bias = bias.data();
-    if (c.shared_intermediate > 0) {
-      w.shared_up = shared_up.data();
-      w.shared_down = shared_down.data();
-    }
     return w;
   }
 };
+
+// One case's layer, kept while the case's variants run one after another (DeepSeek-V3's is 22.6 GB):
+// a case asks for it, the last one built is handed back when it matches, rebuilt otherwise.
+const DeviceLayer& layer_for(const MoeConfig& c, std::int64_t tokens) {
+  static std::unique_ptr<DeviceLayer> layer;
+  static std::string key;
+  const std::string want = c.name + "/" + std::to_string(tokens);
+  if (key != want) {
+    layer.reset();  // free the last one first: two DeepSeek-V3 layers need not fit
+    layer = std::make_unique<DeviceLayer>(c, tokens);
+    key = want;
+  }
+  return *layer;
+}
 
 struct Case {
   MoeConfig config;
@@ -115,8 +126,12 @@ void set_case_counters(benchmark::State& state, const Case& cs, const std::vecto
                           kc::ch10::moe_flops(cs.config, cs.tokens));
 }
 
-void bench_before(benchmark::State& state, const Case& cs, const kc::DeviceInfo& device) {
-  const DeviceLayer layer(cs.config, cs.tokens);
+// A launch of one variant of the layer (before, a step, after).
+using LayerLaunch = std::function<void(const MoeConfig&, std::int64_t, const bf16*, const kc::ch10::MoeWeights&, bf16*,
+                                       void*, std::size_t, cudaStream_t)>;
+
+void bench_layer(benchmark::State& state, const Case& cs, const LayerLaunch& launch, const kc::DeviceInfo& device) {
+  const DeviceLayer& layer = layer_for(cs.config, cs.tokens);
   kc::DeviceBuffer<unsigned char> workspace(kc::ch10::moe_workspace_bytes(cs.config, cs.tokens));
   kc::DeviceBuffer<bf16> y(static_cast<std::size_t>(cs.tokens * cs.config.hidden));
   cudaStream_t stream;
@@ -131,11 +146,12 @@ void bench_before(benchmark::State& state, const Case& cs, const kc::DeviceInfo&
   }
   kc::bench::L2Flusher flusher(device);
   const kc::ch10::MoeWeights weights = layer.weights(cs.config);
+  launch(cs.config, cs.tokens, layer.x.data(), weights, y.data(), workspace.data(), workspace.size(), stream);
+  kc::check(cudaStreamSynchronize(stream));  // the variant's own warm-up (its kernels' attributes)
   kc::bench::time_batches(
       state, stream, 1,
       [&](int) {
-        kc::ch10::moe_layer_before(cs.config, cs.tokens, layer.x.data(), weights, y.data(), workspace.data(),
-                                   workspace.size(), stream);
+        launch(cs.config, cs.tokens, layer.x.data(), weights, y.data(), workspace.data(), workspace.size(), stream);
       },
       [&] { flusher.flush(stream); });
   kc::check(cudaStreamDestroy(stream));
@@ -145,7 +161,7 @@ void bench_before(benchmark::State& state, const Case& cs, const kc::DeviceInfo&
 // limit: see the top of the file.
 void bench_limit(benchmark::State& state, const Case& cs) {
   const MoeConfig& c = cs.config;
-  const DeviceLayer layer(c, cs.tokens);
+  const DeviceLayer& layer = layer_for(c, cs.tokens);
   kc::DeviceBuffer<unsigned char> workspace(kc::ch10::moe_workspace_bytes(c, cs.tokens));
   kc::DeviceBuffer<bf16> y(static_cast<std::size_t>(cs.tokens * c.hidden));
   cudaStream_t stream;
@@ -161,8 +177,8 @@ void bench_limit(benchmark::State& state, const Case& cs) {
   const double min_bytes = kc::ch10::moe_min_bytes(c, cs.tokens, counts);
   // The dense GEMMs: each projection over all its rows, operands from the layer's own buffers (the
   // routed ones read expert 0's weights: the same shape and bytes as any expert's).
-  const std::int64_t pairs = cs.tokens * c.k, h = c.hidden, i = c.intermediate, s = c.shared_intermediate;
-  const std::int64_t widest = std::max({pairs * 2 * i, pairs * h, cs.tokens * 2 * s, cs.tokens * h});
+  const std::int64_t pairs = cs.tokens * c.k, h = c.hidden, i = c.intermediate;
+  const std::int64_t widest = std::max({pairs * 2 * i, pairs * h, cs.tokens * 2 * i, cs.tokens * h});
   kc::DeviceBuffer<bf16> a(static_cast<std::size_t>(pairs * std::max(h, 2 * i))), out(static_cast<std::size_t>(widest));
   kc::fill_uniform_device(a.data(), a.size(), 8, -1.0, 1.0);
   struct Gemm {
@@ -172,9 +188,9 @@ void bench_limit(benchmark::State& state, const Case& cs) {
   std::vector<Gemm> gemms{{layer.router.data(), {cs.tokens, c.experts, h}},
                           {layer.up.data(), {pairs, 2 * i, h}},
                           {layer.down.data(), {pairs, h, i}}};
-  if (s > 0) {
-    gemms.push_back({layer.shared_up.data(), {cs.tokens, 2 * s, h}});
-    gemms.push_back({layer.shared_down.data(), {cs.tokens, h, s}});
+  for (int s = 0; s < c.shared_experts; ++s) {
+    gemms.push_back({layer.up.data() + (c.experts + s) * 2 * i * h, {cs.tokens, 2 * i, h}});
+    gemms.push_back({layer.down.data() + (c.experts + s) * h * i, {cs.tokens, h, i}});
   }
   const kc::ch02::CublasHandle cublas;
   auto all_gemms = [&](int) {
@@ -222,8 +238,22 @@ void register_benchmarks(const kc::DeviceInfo& device) {
   for (const Case& cs : all) labels.push_back(cs.label);
   kc::bench::check_case_labels(labels);
   for (const Case& cs : all) {
-    kc::bench::configure(benchmark::RegisterBenchmark(
-        ("ch10/before/" + cs.label).c_str(), [cs, device](benchmark::State& st) { bench_before(st, cs, device); }));
+    std::vector<std::pair<std::string, LayerLaunch>> layers{{"before", kc::ch10::moe_layer_before}};
+    for (MoeStep step : {MoeStep::swiglu_epilogue, MoeStep::weight_in_down, MoeStep::shared_as_expert}) {
+      // Step 3 changes nothing for a model without shared experts.
+      if (step == MoeStep::shared_as_expert && cs.config.shared_experts == 0) continue;
+      layers.emplace_back(kc::ch10::to_string(step),
+                          [step](const MoeConfig& c, std::int64_t t, const bf16* x, const kc::ch10::MoeWeights& w, bf16* y,
+                                 void* ws, std::size_t n, cudaStream_t s) {
+                            kc::ch10::moe_layer_step(step, c, t, x, w, y, ws, n, s);
+                          });
+    }
+    layers.emplace_back("after", kc::ch10::moe_layer_after);
+    for (const auto& [variant, launch] : layers) {
+      kc::bench::configure(benchmark::RegisterBenchmark(
+          ("ch10/" + variant + "/" + cs.label).c_str(),
+          [cs, launch, device](benchmark::State& st) { bench_layer(st, cs, launch, device); }));
+    }
     kc::bench::configure(benchmark::RegisterBenchmark(("ch10/limit/" + cs.label).c_str(),
                                                       [cs](benchmark::State& st) { bench_limit(st, cs); }));
   }

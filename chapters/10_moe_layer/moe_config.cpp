@@ -1,8 +1,9 @@
-// Chapter 10's configurations, their rules and two numbers, and the workspace of the layer: host
-// arithmetic, tested without a GPU.
+// Chapter 10's configurations, their rules and two numbers, the workspace of the layer and the rules
+// of a launch: host arithmetic, tested without a GPU.
 #include <string>
 
 #include "kc/check.hpp"
+#include "kc/validate.hpp"
 #include "moe_layer.hpp"
 #include "moe_workspace.hpp"
 
@@ -19,7 +20,7 @@ MoeConfig deepseek_v3() {
   c.n_group = 8;
   c.topk_group = 4;
   c.routed_scaling_factor = 2.5f;
-  c.shared_intermediate = 2048;
+  c.shared_experts = 1;
   return c;
 }
 
@@ -49,6 +50,11 @@ MoeConfig qwen3_30b_a3b() {
 
 namespace {
 
+void require_weight(const void* p, const char* name) {
+  if (p == nullptr) throw InvalidArgument(std::string(name) + " must not be null");
+  if (!kc::aligned_to(p, 16)) throw InvalidArgument(std::string(name) + " must be 16-byte aligned");
+}
+
 void require_width(std::int64_t value, const char* name) {
   if (value < 8 || value > 0x7FFFFFFF || value % 8 != 0) {
     throw InvalidArgument(std::string(name) + " (" + std::to_string(value) +
@@ -61,7 +67,15 @@ void require_width(std::int64_t value, const char* name) {
 void moe_config_rules(const MoeConfig& config) {
   require_width(config.hidden, "config.hidden");
   require_width(config.intermediate, "config.intermediate");
-  if (config.shared_intermediate != 0) require_width(config.shared_intermediate, "config.shared_intermediate");
+  if (config.shared_experts < 0 || config.shared_experts > kMaxSharedExperts) {
+    throw InvalidArgument("config.shared_experts (" + std::to_string(config.shared_experts) + ") must be in [0, " +
+                          std::to_string(kMaxSharedExperts) + "]");
+  }
+  if (config.experts > 0 && config.experts + config.shared_experts > ch05::kMaxExperts) {
+    throw InvalidArgument("config.experts + config.shared_experts (" +
+                          std::to_string(config.experts + config.shared_experts) + ") must be at most " +
+                          std::to_string(ch05::kMaxExperts) + " (the grouped GEMMs' experts)");
+  }
   ch04::GatingParams params = gating_params(config, 1);
   // Chapter 4's own rules on E, k and the groups for bf16 logits (the router GEMM's output). The
   // rules look at addresses only: stand-in addresses, aligned and far apart, leave the shape's.
@@ -94,14 +108,39 @@ double moe_min_bytes(const MoeConfig& config, std::int64_t tokens, std::span<con
   double active = 0.0;
   for (std::int32_t count : counts) active += count > 0 ? 1.0 : 0.0;
   const double elements = 2.0 * static_cast<double>(tokens) * h + static_cast<double>(config.experts) * h +
-                          3.0 * static_cast<double>(config.shared_intermediate) * h + active * expert;
+                          (config.shared_experts + active) * expert;
   return 2.0 * elements + (config.scoring == ch04::Scoring::deepseek_v3 ? 4.0 * config.experts : 0.0);
 }
 
 double moe_flops(const MoeConfig& config, std::int64_t tokens) {
   const double t = static_cast<double>(tokens), h = static_cast<double>(config.hidden);
-  return 2.0 * t * h * config.experts + 2.0 * t * config.k * 3.0 * static_cast<double>(config.intermediate) * h +
-         2.0 * t * 3.0 * static_cast<double>(config.shared_intermediate) * h;
+  return 2.0 * t * h * config.experts +
+         2.0 * t * (config.k + config.shared_experts) * 3.0 * static_cast<double>(config.intermediate) * h;
+}
+
+void validate_moe_layer(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
+                        const __nv_bfloat16* y, const void* workspace, std::size_t workspace_bytes) {
+  moe_config_rules(config);
+  const int slots = config.k + config.shared_experts;
+  if (tokens < 0 || tokens > 0x7FFFFFFF / slots) {
+    throw InvalidArgument("tokens (" + std::to_string(tokens) +
+                          ") must be in [0, 2^31 / (k + S)): T · (k + S) rows index an int");
+  }
+  if (tokens == 0) return;
+  require_weight(x, "x");
+  require_weight(y, "y");
+  require_weight(weights.router, "weights.router");
+  require_weight(weights.up, "weights.up");
+  require_weight(weights.down, "weights.down");
+  const std::uint64_t rows_bytes = static_cast<std::uint64_t>(tokens) * config.hidden * 2;
+  if (kc::overlaps(x, rows_bytes, y, rows_bytes)) throw InvalidArgument("y must not overlap x");
+  if (workspace == nullptr) throw InvalidArgument("workspace must not be null");
+  if (!kc::aligned_to(workspace, 256)) throw InvalidArgument("workspace must be 256-byte aligned");
+  const std::size_t need = detail::MoeWorkspace(config, tokens, nullptr).bytes;  // the rules above hold
+  if (workspace_bytes < need) {
+    throw InvalidArgument("workspace_bytes (" + std::to_string(workspace_bytes) + ") must be at least " +
+                          std::to_string(need) + " (moe_workspace_bytes)");
+  }
 }
 
 std::size_t moe_workspace_bytes(const MoeConfig& config, std::int64_t tokens) {
