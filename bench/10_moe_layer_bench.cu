@@ -12,6 +12,8 @@
 // expert's two, each timed back to back for at least 20 ms after an untimed batch). PyTorch's module
 // comes from tools/pytorch_baselines.py.
 //
+// before and after also carry their stage breakdown (time_stages): stage_<name>_us per stage.
+//
 // Counters: every variant counts the same fewest bytes (x and y once, the router, the shared expert
 // and every routed expert with at least one token, from the routing this benchmark's own layer
 // computes, copied back once outside the timing) and FLOPs (moe_flops); limit adds copy_floor_us and
@@ -29,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hopper_gemm.hpp"
@@ -38,6 +41,8 @@
 #include "kc/random.hpp"
 #include "kc/timer.hpp"
 #include "moe_layer.hpp"
+#include "moe_stages.hpp"  // the stage breakdown: one stage alone
+#include "moe_workspace.hpp"
 #include "vendor_cublas.hpp"
 
 namespace {
@@ -130,7 +135,42 @@ void set_case_counters(benchmark::State& state, const Case& cs, const std::vecto
 using LayerLaunch = std::function<void(const MoeConfig&, std::int64_t, const bf16*, const kc::ch10::MoeWeights&, bf16*,
                                        void*, std::size_t, cudaStream_t)>;
 
-void bench_layer(benchmark::State& state, const Case& cs, const LayerLaunch& launch, const kc::DeviceInfo& device) {
+// The stages one variant enqueues: before's, or a step's (after is kMoeAfterStep).
+enum class Breakdown { none, before, after };
+
+// The stage breakdown of before or after: each stage alone (the whole layer has just run, so every
+// stage's inputs are in the workspace), after an L2 flush, the median of kStageRuns launches, as the
+// counter stage_<name>_us. Stages the variant does not run are left out.
+constexpr int kStageRuns = 7;
+
+void time_stages(benchmark::State& state, const Case& cs, Breakdown breakdown, const DeviceLayer& layer, bf16* y,
+                 void* workspace, kc::bench::L2Flusher& flusher, cudaStream_t stream) {
+  namespace detail = kc::ch10::detail;
+  const MoeConfig& c = cs.config;
+  const detail::MoeWorkspace at(c, cs.tokens, workspace);
+  const kc::ch10::MoeWeights weights = layer.weights(c);
+  kc::EventTimer timer;
+  for (std::string_view name : detail::kStages) {
+    if (breakdown == Breakdown::after && (name == "swiglu" || name == "shared")) continue;
+    if (name == "shared" && c.shared_experts == 0) continue;
+    std::vector<double> ms;
+    for (int run = 0; run < kStageRuns; ++run) {
+      flusher.flush(stream);
+      ms.push_back(timer.time_launches(stream, 1, [&](int) {
+        if (breakdown == Breakdown::before) {
+          detail::enqueue_before(c, cs.tokens, layer.x.data(), weights, y, at, stream, name);
+        } else {
+          detail::enqueue_step(kc::ch10::kMoeAfterStep, c, cs.tokens, layer.x.data(), weights, y, at, stream, name);
+        }
+      }));
+    }
+    std::nth_element(ms.begin(), ms.begin() + kStageRuns / 2, ms.end());
+    state.counters["stage_" + std::string(name) + "_us"] = ms[kStageRuns / 2] * 1e3;
+  }
+}
+
+void bench_layer(benchmark::State& state, const Case& cs, const LayerLaunch& launch, Breakdown breakdown,
+                 const kc::DeviceInfo& device) {
   const DeviceLayer& layer = layer_for(cs.config, cs.tokens);
   kc::DeviceBuffer<unsigned char> workspace(kc::ch10::moe_workspace_bytes(cs.config, cs.tokens));
   kc::DeviceBuffer<bf16> y(static_cast<std::size_t>(cs.tokens * cs.config.hidden));
@@ -154,6 +194,9 @@ void bench_layer(benchmark::State& state, const Case& cs, const LayerLaunch& lau
         launch(cs.config, cs.tokens, layer.x.data(), weights, y.data(), workspace.data(), workspace.size(), stream);
       },
       [&] { flusher.flush(stream); });
+  if (breakdown != Breakdown::none) {
+    time_stages(state, cs, breakdown, layer, y.data(), workspace.data(), flusher, stream);
+  }
   kc::check(cudaStreamDestroy(stream));
   set_case_counters(state, cs, counts);
 }
@@ -250,9 +293,12 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     }
     layers.emplace_back("after", kc::ch10::moe_layer_after);
     for (const auto& [variant, launch] : layers) {
+      const Breakdown breakdown = variant == "before"  ? Breakdown::before
+                                  : variant == "after" ? Breakdown::after
+                                                       : Breakdown::none;
       kc::bench::configure(benchmark::RegisterBenchmark(
           ("ch10/" + variant + "/" + cs.label).c_str(),
-          [cs, launch, device](benchmark::State& st) { bench_layer(st, cs, launch, device); }));
+          [cs, launch, breakdown, device](benchmark::State& st) { bench_layer(st, cs, launch, breakdown, device); }));
     }
     kc::bench::configure(benchmark::RegisterBenchmark(("ch10/limit/" + cs.label).c_str(),
                                                       [cs](benchmark::State& st) { bench_limit(st, cs); }));

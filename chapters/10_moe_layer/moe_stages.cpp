@@ -7,10 +7,14 @@
 namespace kc::ch10::detail {
 
 void route(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
-           const MoeWorkspace& at, cudaStream_t stream) {
-  ch07::gemm_bf16_hopper(x, weights.router, at.logits, {tokens, config.experts, config.hidden}, stream);
-  ch04::gating_after(gating_params(config, tokens), at.logits, weights.correction_bias,
-                     {at.route_weights, at.ids, nullptr}, stream);
+           const MoeWorkspace& at, cudaStream_t stream, std::string_view only) {
+  if (only.empty() || only == "router") {
+    ch07::gemm_bf16_hopper(x, weights.router, at.logits, {tokens, config.experts, config.hidden}, stream);
+  }
+  if (only.empty() || only == "routing") {
+    ch04::gating_after(gating_params(config, tokens), at.logits, weights.correction_bias,
+                       {at.route_weights, at.ids, nullptr}, stream);
+  }
 }
 
 void add_dense_shared_experts(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,

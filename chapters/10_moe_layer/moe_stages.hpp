@@ -1,23 +1,42 @@
 /// @file moe_stages.hpp
-/// @brief Internal: the stages every variant of the layer shares (the router and the routing, the
-/// shared experts run dense) and the two small kernels of the fused steps (the shared experts' slots,
-/// the routing weight of each permuted row).
+/// @brief Internal: the layer's stages. Each variant (before, a step) enqueues its launches stage by
+/// stage; the benchmark's breakdown runs one stage alone (after a whole run has filled the workspace
+/// every stage reads) to time it. Also the stages every variant shares (the router and the routing,
+/// the shared experts run dense) and the two small kernels of the fused steps (the shared experts'
+/// slots, the routing weight of each permuted row).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
+#include <string_view>
 
 #include "moe_layer.hpp"
 #include "moe_workspace.hpp"
 
 namespace kc::ch10::detail {
 
+/// The stages of the layer, in order: the router GEMM, the routing, the permutation (with the fused
+/// steps' shared slots and row weights), up, SiLU · up (before only), down, the combine, and the
+/// shared experts run dense (before, steps 1 and 2).
+inline constexpr std::array<std::string_view, 8> kStages{"router", "routing", "permute", "up",
+                                                         "swiglu", "down",    "combine", "shared"};
+
+/// moe_layer_before's launches, after its validation: all of them, or only stage @p only's.
+void enqueue_before(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
+                    __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream, std::string_view only = {});
+
+/// moe_layer_step's launches for @p step, after its validation: all of them, or only stage @p only's.
+void enqueue_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
+                  const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream,
+                  std::string_view only = {});
+
 /// The router GEMM (Chapter 7: logits [T, E] = x · routerᵀ, bf16) and the routing on those logits
-/// (Chapter 4: at.route_weights and at.ids, [T, k]).
+/// (Chapter 4: at.route_weights and at.ids, [T, k]); only one of the two when @p only names it.
 void route(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
-           const MoeWorkspace& at, cudaStream_t stream);
+           const MoeWorkspace& at, cudaStream_t stream, std::string_view only = {});
 
 /// Each shared expert s < S on every token, dense: up (Chapter 7's GEMM with expert E + s's [2I, H]),
 /// Chapter 3's SiLU · up, down, and Chapter 3's add into y.

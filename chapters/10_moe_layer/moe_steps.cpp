@@ -24,44 +24,67 @@ const char* to_string(MoeStep step) {
   throw InvalidArgument("step must be a MoeStep");
 }
 
-void moe_layer_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
-                    const MoeWeights& weights, __nv_bfloat16* y, void* workspace, std::size_t workspace_bytes,
-                    cudaStream_t stream) {
-  (void)to_string(step);  // a value that is no step is refused before anything runs
-  validate_moe_layer(config, tokens, x, weights, y, workspace, workspace_bytes);
-  if (tokens == 0) return;
-  const detail::MoeWorkspace at(config, tokens, workspace);
+namespace detail {
+
+void enqueue_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
+                  const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream,
+                  std::string_view only) {
+  auto stage = [only](std::string_view name) { return only.empty() || only == name; };
   const bool weight_in_down = step != MoeStep::swiglu_epilogue;
   // Step 3 routes every token to the shared experts too: slots k + S over E + S experts.
   const int shared = step == MoeStep::shared_as_expert ? config.shared_experts : 0;
   const int slots = config.k + shared, experts = config.experts + shared;
   const std::int64_t rows = tokens * slots, hidden = config.hidden, inter = config.intermediate;
 
-  detail::route(config, tokens, x, weights, at, stream);
-  const std::int32_t* ids = at.ids;
-  if (shared > 0) {
-    detail::append_shared_slots(tokens, config.k, config.experts, shared, at.ids, at.slot_ids, stream);
-    ids = at.slot_ids;
+  if (stage("router") || stage("routing")) route(config, tokens, x, weights, at, stream, only);
+  if (stage("permute")) {
+    const std::int32_t* ids = at.ids;
+    if (shared > 0) {
+      append_shared_slots(tokens, config.k, config.experts, shared, at.ids, at.slot_ids, stream);
+      ids = at.slot_ids;
+    }
+    ch05::permute_tokens({tokens, slots, experts, hidden}, ids, x,
+                         {at.counts, at.offsets, at.row_of_pair, at.token_of_row, at.a}, at.permute_scratch,
+                         at.permute_scratch_bytes, stream);
+    // The weight of each permuted row, for the down projection's epilogue.
+    if (weight_in_down) {
+      scatter_row_weights(tokens, config.k, slots, at.route_weights, at.row_of_pair, at.weight_of_row, stream);
+    }
   }
-  ch05::permute_tokens({tokens, slots, experts, hidden}, ids, x,
-                       {at.counts, at.offsets, at.row_of_pair, at.token_of_row, at.a}, at.permute_scratch,
-                       at.permute_scratch_bytes, stream);
   // Up with SiLU(gate) · up in its epilogue: h [rows, I] straight from the accumulators.
-  ch09::grouped_gemm_decode({rows, 2 * inter, hidden, experts}, at.a, weights.up, at.h, at.offsets,
-                            {ch08::EpilogueKind::swiglu}, at.grouped_scratch, at.grouped_scratch_bytes, stream);
+  if (stage("up")) {
+    ch09::grouped_gemm_decode({rows, 2 * inter, hidden, experts}, at.a, weights.up, at.h, at.offsets,
+                              {ch08::EpilogueKind::swiglu}, at.grouped_scratch, at.grouped_scratch_bytes, stream);
+  }
   if (weight_in_down) {
     // Down with each row's routing weight in its epilogue, then the plain sum of each token's rows.
-    detail::scatter_row_weights(tokens, config.k, slots, at.route_weights, at.row_of_pair, at.weight_of_row, stream);
-    ch09::grouped_gemm_decode({rows, hidden, inter, experts}, at.h, weights.down, at.expert_out, at.offsets,
-                              {ch08::EpilogueKind::row_scale, at.weight_of_row}, at.grouped_scratch,
-                              at.grouped_scratch_bytes, stream);
-    combine_rows(tokens, slots, hidden, at.expert_out, at.row_of_pair, y, stream);
+    if (stage("down")) {
+      ch09::grouped_gemm_decode({rows, hidden, inter, experts}, at.h, weights.down, at.expert_out, at.offsets,
+                                {ch08::EpilogueKind::row_scale, at.weight_of_row}, at.grouped_scratch,
+                                at.grouped_scratch_bytes, stream);
+    }
+    if (stage("combine")) combine_rows(tokens, slots, hidden, at.expert_out, at.row_of_pair, y, stream);
   } else {
-    ch09::grouped_gemm_decode({rows, hidden, inter, experts}, at.h, weights.down, at.expert_out, at.offsets,
-                              {ch08::EpilogueKind::plain}, at.grouped_scratch, at.grouped_scratch_bytes, stream);
-    ch05::unpermute_combine(tokens, config.k, hidden, at.expert_out, at.route_weights, at.row_of_pair, y, stream);
+    if (stage("down")) {
+      ch09::grouped_gemm_decode({rows, hidden, inter, experts}, at.h, weights.down, at.expert_out, at.offsets,
+                                {ch08::EpilogueKind::plain}, at.grouped_scratch, at.grouped_scratch_bytes, stream);
+    }
+    if (stage("combine")) {
+      ch05::unpermute_combine(tokens, config.k, hidden, at.expert_out, at.route_weights, at.row_of_pair, y, stream);
+    }
   }
-  if (shared == 0) detail::add_dense_shared_experts(config, tokens, x, weights, y, at, stream);
+  if (shared == 0 && stage("shared")) add_dense_shared_experts(config, tokens, x, weights, y, at, stream);
+}
+
+}  // namespace detail
+
+void moe_layer_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
+                    const MoeWeights& weights, __nv_bfloat16* y, void* workspace, std::size_t workspace_bytes,
+                    cudaStream_t stream) {
+  (void)to_string(step);  // a value that is no step is refused before anything runs
+  validate_moe_layer(config, tokens, x, weights, y, workspace, workspace_bytes);
+  if (tokens == 0) return;
+  detail::enqueue_step(step, config, tokens, x, weights, y, detail::MoeWorkspace(config, tokens, workspace), stream);
 }
 
 void moe_layer_after(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
