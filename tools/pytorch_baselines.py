@@ -1126,7 +1126,12 @@ def _ch10_layer(env: Env, config: Dict[str, Any], tokens: int, generator: Any) -
 
 def _ch10_route(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Tuple[Any, Any]:
     """The router as model code writes it: (weights [T, k] fp32, ids [T, k])."""
-    logits = (layer["x"] @ layer["router"].t()).float()
+    return _ch10_routing(torch, config, layer, layer["x"] @ layer["router"].t())
+
+
+def _ch10_routing(torch: Any, config: Dict[str, Any], layer: Dict[str, Any], logits: Any) -> Tuple[Any, Any]:
+    """The routing on the router's bf16 logits: (weights [T, k] fp32, ids [T, k])."""
+    logits = logits.float()
     k = config["k"]
     if config["routing"] == "softmax":
         weights, ids = torch.softmax(logits, dim=-1).topk(k, dim=-1)
@@ -1149,24 +1154,82 @@ def _ch10_shared(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> A
     return (torch.nn.functional.silu(gate_up[:, :s]) * gate_up[:, s:]) @ layer["shared_down"].t()
 
 
-def _ch10_grouped(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Any:
-    """The layer as serving frameworks write it: topk, argsort, index_select, torch._grouped_mm,
-    SiLU · up, the routing weight, index_add; no host synchronisation."""
-    weights, ids = _ch10_route(torch, config, layer)
+# The grouped module's stages, named as the C++ layer's (chapters/10_moe_layer/moe_stages.hpp): each
+# reads what the earlier ones left in ``st`` and adds its own results.
+def _ch10_stages(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> List[Tuple[str, Callable[[Dict[str, Any]], None]]]:
+    """The layer as serving frameworks write it, stage by stage: topk, argsort, index_select,
+    torch._grouped_mm, SiLU · up, the routing weight, index_add; no host synchronisation."""
     x, k, i, e = layer["x"], config["k"], config["intermediate"], config["experts"]
-    flat = ids.reshape(-1)
-    order = flat.argsort(stable=True)
-    token_of_row = order // k
-    # Counts by a scatter, not torch.bincount: bincount sizes its output from the largest id, a host
-    # synchronisation that a CUDA graph cannot capture.
-    counts = torch.zeros(e, device=flat.device, dtype=torch.int64).index_add_(0, flat, torch.ones_like(flat))
-    ends = counts.cumsum(0).to(torch.int32)
-    gate_up = torch._grouped_mm(x.index_select(0, token_of_row), layer["up"].transpose(-2, -1), offs=ends)
-    h = torch.nn.functional.silu(gate_up[:, :i]) * gate_up[:, i:]
-    out = torch._grouped_mm(h, layer["down"].transpose(-2, -1), offs=ends)
-    out = out * weights.reshape(-1)[order].unsqueeze(1).to(out.dtype)
-    y = torch.zeros_like(x).index_add_(0, token_of_row, out)
-    return y + _ch10_shared(torch, config, layer) if config["shared"] else y
+
+    def router(st: Dict[str, Any]) -> None:
+        st["logits"] = x @ layer["router"].t()
+
+    def routing(st: Dict[str, Any]) -> None:
+        st["weights"], st["ids"] = _ch10_routing(torch, config, layer, st["logits"])
+
+    def permute(st: Dict[str, Any]) -> None:
+        flat = st["ids"].reshape(-1)
+        st["order"] = flat.argsort(stable=True)
+        st["token_of_row"] = st["order"] // k
+        # Counts by a scatter, not torch.bincount: bincount sizes its output from the largest id, a
+        # host synchronisation that a CUDA graph cannot capture.
+        counts = torch.zeros(e, device=flat.device, dtype=torch.int64).index_add_(0, flat, torch.ones_like(flat))
+        st["ends"] = counts.cumsum(0).to(torch.int32)
+        st["a"] = x.index_select(0, st["token_of_row"])
+
+    def up(st: Dict[str, Any]) -> None:
+        st["gate_up"] = torch._grouped_mm(st["a"], layer["up"].transpose(-2, -1), offs=st["ends"])
+
+    def swiglu(st: Dict[str, Any]) -> None:
+        st["h"] = torch.nn.functional.silu(st["gate_up"][:, :i]) * st["gate_up"][:, i:]
+
+    def down(st: Dict[str, Any]) -> None:
+        st["out"] = torch._grouped_mm(st["h"], layer["down"].transpose(-2, -1), offs=st["ends"])
+
+    def combine(st: Dict[str, Any]) -> None:
+        out = st["out"] * st["weights"].reshape(-1)[st["order"]].unsqueeze(1).to(st["out"].dtype)
+        st["y"] = torch.zeros_like(x).index_add_(0, st["token_of_row"], out)
+
+    def shared(st: Dict[str, Any]) -> None:
+        st["y"] = st["y"] + _ch10_shared(torch, config, layer)
+
+    stages = [("router", router), ("routing", routing), ("permute", permute), ("up", up), ("swiglu", swiglu),
+              ("down", down), ("combine", combine)]
+    return stages + ([("shared", shared)] if config["shared"] else [])
+
+
+def _ch10_grouped(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Any:
+    """The grouped module: its stages (_ch10_stages) one after another."""
+    st: Dict[str, Any] = {}
+    for _, stage in _ch10_stages(torch, config, layer):
+        stage(st)
+    return st["y"]
+
+
+def ch10_stage_breakdown(env: Env, config: Dict[str, Any], layer: Dict[str, Any], evict: Callable[[], Any],
+                         runs: int = 7) -> Dict[str, float]:
+    """Each stage of the grouped module alone, eagerly, after the whole module has run (so its inputs
+    exist), after an L2 eviction and a hold of the stream: the median of ``runs`` launches, in microseconds, as the counters
+    ``stage_<name>_us`` (the C++ benchmark's names)."""
+    torch = env.torch
+    stages = _ch10_stages(torch, config, layer)
+    st: Dict[str, Any] = {}
+    for _, stage in stages:
+        stage(st)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    counters = {}
+    for name, stage in stages:
+        samples = []
+        for _ in range(runs):
+            evict()
+            torch.cuda._sleep(HOLD_CYCLES)  # as in _timed_samples: the host's launch cost stays outside
+            start.record()
+            stage(st)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        counters["stage_%s_us" % name] = statistics.median(samples)
+    return counters
 
 
 def _ch10_loop(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Any:
@@ -1214,7 +1277,9 @@ def ch10_moe_layer(env: Env) -> List[CaseResult]:
             fields = {"min_bytes": ch10_min_bytes(config, tokens, counts), "flop_count": ch10_flops(config, tokens),
                       "counters": {"launches_per_batch": 1.0, "rotating_sets": 1.0}}
             grouped_call = functools.partial(_ch10_grouped, torch, config, layer)
-            results += graph_and_eager_results(env, "ch10", label, [grouped_call], 1, evict, **fields)
+            module = graph_and_eager_results(env, "ch10", label, [grouped_call], 1, evict, **fields)
+            module[0].counters = dict(module[0].counters, **ch10_stage_breakdown(env, config, layer, evict))
+            results += module
             timed = time_samples(env, [functools.partial(_ch10_loop, torch, config, layer)], 1)
             results.append(CaseResult(chapter="ch10", case=label, variant="pytorch_loop", times_s=timed["times"],
                                       cpu_times_s=timed["cpu_times"], kernels=timed["kernels"], **fields))
