@@ -360,6 +360,36 @@ class Chapter:
     # A sweep over one size (Chapter 9: tokens per expert): plotted as time against that size in
     # chNN_sweep.png; None: no such plot.
     sweep: Optional["Sweep"] = None
+    # Where the time goes (Chapter 10: the layer's stages): one panel per case, a stacked bar per
+    # variant from its stage_<name>_us counters, in chNN_stages.png; None: no such plot.
+    stages: Optional["StageBreakdown"] = None
+
+
+@dataclass
+class StageBreakdown:
+    """chapters.json "stages": the cases and variants whose stage_<name>_us counters are stacked, the
+    stages in order, and the reference variant drawn as a line across each panel."""
+
+    cases: Tuple[str, ...]
+    variants: Tuple[str, ...]
+    stages: Tuple[str, ...]
+    reference: Optional[str] = None
+
+
+def _load_stages(path: str, chapter_id: str, item: Any) -> Optional[StageBreakdown]:
+    """Parses a chapter's "stages" object (see StageBreakdown); None when absent."""
+    if item is None:
+        return None
+    problem = "%s: %s stages must be {cases: [labels], variants: [names], stages: [names][, reference: name]}" \
+              % (path, chapter_id)
+    if not isinstance(item, dict):
+        raise ResultsError(problem)
+    lists = [item.get(key) for key in ("cases", "variants", "stages")]
+    reference = item.get("reference")
+    if (not all(isinstance(v, list) and v and all(isinstance(x, str) and x for x in v) for v in lists)
+            or (reference is not None and (not isinstance(reference, str) or not reference))):
+        raise ResultsError(problem)
+    return StageBreakdown(tuple(lists[0]), tuple(lists[1]), tuple(lists[2]), reference)
 
 
 @dataclass
@@ -435,6 +465,7 @@ def load_chapters(path: str = DEFAULT_CHAPTERS_JSON) -> List[Chapter]:
             results_gpu=results_gpu,
             lesson_cases=tuple(lesson_cases) if lesson_cases is not None else None,
             sweep=_load_sweep(path, item["id"], item.get("sweep")),
+            stages=_load_stages(path, item["id"], item.get("stages")),
         ))
     return chapters
 
@@ -1075,6 +1106,80 @@ def render_sweep_plot(results: ChapterResults, chapter: Chapter, path: str) -> b
     return True
 
 
+STAGE_COUNTER = "stage_%s_us"
+
+
+def stage_times(m: Measurement, stages: Sequence[str]) -> List[Tuple[str, float]]:
+    """The (stage, µs) pairs of ``m``'s stage_<name>_us counters, in ``stages``' order; stages the
+    variant does not run (no counter) are left out."""
+    return [(name, m.counters[STAGE_COUNTER % name]) for name in stages if STAGE_COUNTER % name in m.counters]
+
+
+def render_stage_plot(results: ChapterResults, chapter: Chapter, path: str) -> bool:
+    """Writes chapter.stages' plot: a panel per case, in it a bar per variant stacking its stages'
+    times (each stage timed alone), the variant's measured time as a black tick and the reference
+    (limit) as a dashed line. Returns False (writing nothing) when matplotlib is not installed, the
+    chapter has no stage breakdown, or no case has one."""
+    spec = chapter.stages
+    if spec is None:
+        return False
+    panels = []
+    for case in spec.cases:
+        bars = []
+        for variant in spec.variants:
+            m = results.find(case, variant)
+            if m is not None and stage_times(m, spec.stages):
+                bars.append((variant, stage_times(m, spec.stages), m.time_s * 1e6))
+        if bars:
+            ref = results.find(case, spec.reference) if spec.reference else None
+            panels.append((case, bars, ref.time_s * 1e6 if ref is not None else None))
+    if not panels:
+        return False
+    try:
+        import matplotlib  # noqa: WPS433 (optional dependency, imported lazily)
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    cols = min(5, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows + 0.8), squeeze=False)
+    colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(spec.stages)}
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (case, bars, ref_us) in zip(axes.flat, panels):
+        for i, (variant, times, total_us) in enumerate(bars):
+            bottom = 0.0
+            for name, us in times:
+                ax.bar(i, us, bottom=bottom, color=colours[name], width=0.7)
+                bottom += us
+            ax.plot([i - 0.35, i + 0.35], [total_us, total_us], color="black", linewidth=1.5)
+        if ref_us is not None:
+            ax.axhline(ref_us, color="black", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([v for v, _, _ in bars], fontsize=7, rotation=20)
+        ax.set_title(case, fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_ylim(bottom=0)
+    axes.flat[0].set_ylabel("µs")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in spec.stages]
+    labels = list(spec.stages)
+    handles.append(plt.Line2D([0], [0], color="black", linewidth=1.5))
+    labels.append("whole layer, measured")
+    if spec.reference:
+        handles.append(plt.Line2D([0], [0], color="black", linestyle="--", linewidth=1))
+        labels.append(spec.reference)
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
+    info = results.info()
+    fig.suptitle("%s · where the time goes, each stage timed alone%s" % (
+        results.chapter_id, "" if info["gpu"] == UNKNOWN else " on " + info["gpu"]), fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.96))
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
 # --------------------------------------------------------------------------------------------------
 # generate / check
 
@@ -1114,8 +1219,8 @@ def read_text(path: str) -> Optional[str]:
 
 def generate(results_dir: str, chapters: Sequence[Chapter], only: Optional[Sequence[str]] = None,
              plots: bool = True, out=None) -> List[str]:
-    """Writes chNN.md (and chNN.png, and chNN_sweep.png for a chapter with a sweep, when matplotlib
-    exists) for each chapter with results in ``results_dir``, reporting on ``out`` (default
+    """Writes chNN.md (and chNN.png, chNN_sweep.png for a chapter with a sweep and chNN_stages.png
+    for one with a stage breakdown, when matplotlib exists) for each chapter with results in ``results_dir``, reporting on ``out`` (default
     stdout). Returns the paths written."""
     out = out or sys.stdout
     written = []
@@ -1139,6 +1244,10 @@ def generate(results_dir: str, chapters: Sequence[Chapter], only: Optional[Seque
                 if chapter is not None and render_sweep_plot(results, chapter, sweep_png):
                     written.append(sweep_png)
                     print("wrote %s" % sweep_png, file=out)
+                stages_png = os.path.join(results_dir, chapter_id + "_stages.png")
+                if chapter is not None and render_stage_plot(results, chapter, stages_png):
+                    written.append(stages_png)
+                    print("wrote %s" % stages_png, file=out)
             elif not plot_note_printed:
                 print("matplotlib is not installed: skipping plots", file=out)
                 plot_note_printed = True

@@ -885,6 +885,51 @@ class SweepTest(unittest.TestCase):
                 self.assertGreater(os.path.getsize(png), 0)
 
 
+class StageBreakdownTest(unittest.TestCase):
+    """chapters.json "stages": stacked stage_<name>_us counters per case and variant (chNN_stages.png)."""
+
+    def test_chapters_json_rule(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "chapters.json")
+            good = {"cases": ["a"], "variants": ["before", "after"], "stages": ["up", "down"], "reference": "limit"}
+            bad_ones = [[], {**good, "cases": []}, {**good, "stages": "up"}, {**good, "variants": [""]},
+                        {**good, "reference": 3}]
+            for bad in bad_ones:
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump([{"id": "ch10", "dir": "10_x", "title": "X", "stages": bad}], f)
+                with self.assertRaisesRegex(kr.ResultsError, "ch10 stages must be"):
+                    kr.load_chapters(path)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump([{"id": "ch10", "dir": "10_x", "title": "X", "stages": good}], f)
+            spec = kr.load_chapters(path)[0].stages
+            self.assertEqual((spec.cases, spec.stages, spec.reference), (("a",), ("up", "down"), "limit"))
+
+    def test_stage_times_keep_the_order_and_skip_missing_stages(self):
+        m = kr.Measurement(name="ch10/after/a", chapter="ch10", variant="after", case="a", source="x",
+                           time_s=1e-3, counters={"stage_down_us": 2.0, "stage_up_us": 5.0, "other": 1.0})
+        self.assertEqual(kr.stage_times(m, ["router", "up", "swiglu", "down"]), [("up", 5.0), ("down", 2.0)])
+
+    def test_plot_needs_a_breakdown(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = make_results_dir(os.path.join(tmp, "results"))
+            results = kr.load_chapter_results(root, "ch01")
+            chapter = fixture_chapters()[0]
+            png = os.path.join(tmp, "ch01_stages.png")
+            self.assertFalse(kr.render_stage_plot(results, chapter, png))  # no stage breakdown
+            chapter.stages = kr.StageBreakdown(("fp32_N1048576",), ("after",), ("up", "down"), "limit")
+            self.assertFalse(kr.render_stage_plot(results, chapter, png))  # no stage counters
+            self.assertFalse(os.path.exists(png))
+            m = results.find("fp32_N1048576", "after")
+            m.counters.update({"stage_up_us": 1.0, "stage_down_us": 2.0})
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                self.assertFalse(kr.render_stage_plot(results, chapter, png))
+            else:
+                self.assertTrue(kr.render_stage_plot(results, chapter, png))
+                self.assertGreater(os.path.getsize(png), 0)
+
+
 class ProfileMarkerTest(unittest.TestCase):
     """kc:profile: a metric of the chapter's Nsight Compute profile, read from chNN_profile.txt."""
 
