@@ -282,14 +282,14 @@ void register_benchmarks(const kc::DeviceInfo& device) {
   kc::bench::check_case_labels(labels);
   for (const Case& cs : all) {
     std::vector<std::pair<std::string, LayerLaunch>> layers{{"before", kc::ch10::moe_layer_before}};
-    for (MoeStep step : {MoeStep::swiglu_epilogue, MoeStep::weight_in_down, MoeStep::shared_as_expert}) {
+    for (MoeStep step :
+         {MoeStep::swiglu_epilogue, MoeStep::weight_in_down, MoeStep::shared_as_expert, MoeStep::gather_in_up}) {
       // Step 3 changes nothing for a model without shared experts.
       if (step == MoeStep::shared_as_expert && cs.config.shared_experts == 0) continue;
-      layers.emplace_back(kc::ch10::to_string(step),
-                          [step](const MoeConfig& c, std::int64_t t, const bf16* x, const kc::ch10::MoeWeights& w, bf16* y,
-                                 void* ws, std::size_t n, cudaStream_t s) {
-                            kc::ch10::moe_layer_step(step, c, t, x, w, y, ws, n, s);
-                          });
+      layers.emplace_back(
+          kc::ch10::to_string(step),
+          [step](const MoeConfig& c, std::int64_t t, const bf16* x, const kc::ch10::MoeWeights& w, bf16* y, void* ws,
+                 std::size_t n, cudaStream_t s) { kc::ch10::moe_layer_step(step, c, t, x, w, y, ws, n, s); });
     }
     layers.emplace_back("after", kc::ch10::moe_layer_after);
     for (const auto& [variant, launch] : layers) {

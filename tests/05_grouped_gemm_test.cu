@@ -438,6 +438,14 @@ TEST(GroupedArguments, LaunchesRejectBeforeAnyCudaCall) {
         kc::ch05::validate_permute({1, 2, 8, 8}, nullptr, w.data, out);
       },
       "ids must not be null when shape.tokens > 0");
+  // Without a, the index maps only: x is not read and may be null; with a, it may not.
+  const kc::ch05::PermuteOutputs maps_only{offsets, offsets, offsets, offsets, nullptr};
+  EXPECT_NO_THROW(kc::ch05::validate_permute({1, 2, 8, 8}, ids, nullptr, maps_only));
+  expect_invalid_argument(
+      [&] {
+        kc::ch05::validate_permute({1, 2, 8, 8}, ids, nullptr, out);
+      },
+      "x must not be null when out.a is not");
   expect_invalid_argument(
       [&] {
         kc::ch05::validate_permute({0, 2, 8, 8}, nullptr, nullptr, {nullptr, offsets, nullptr, nullptr, nullptr});

@@ -510,6 +510,47 @@ TEST_F(HopperGroupedRules, RowScale) {
   EXPECT_NO_THROW(validate()) << "row_scale is ignored by the other epilogues";
 }
 
+// A gathered A: x's rows through an index (the gathering kernel's own rules; a.x plays A's part in
+// the others).
+TEST_F(HopperGroupedRules, GatheredA) {
+  const kc::ch08::GatheredA good{m.a, 8, m.offsets};
+  EXPECT_NO_THROW(kc::ch08::validate_gathered_a(shape, good, m.c, 16));
+  EXPECT_NO_THROW(kc::ch08::validate_gathered_a({0, 16, 8, 2}, {}, nullptr, 16)) << "M_total = 0: nothing to read";
+  expect_invalid_argument(
+      [&] {
+        kc::ch08::validate_gathered_a(shape, {m.a, 0, m.offsets}, m.c, 16);
+      },
+      "a.x_rows (0) must be in [1, 2^31 - 1]");
+  expect_invalid_argument(
+      [&] {
+        kc::ch08::validate_gathered_a(shape, {m.a, 8, nullptr}, m.c, 16);
+      },
+      "a.rows must not be null when shape.m_total > 0");
+  const auto* odd = reinterpret_cast<const std::int32_t*>(reinterpret_cast<const unsigned char*>(m.offsets) + 2);
+  expect_invalid_argument(
+      [&] {
+        kc::ch08::validate_gathered_a(shape, {m.a, 8, odd}, m.c, 16);
+      },
+      "a.rows must be 4-byte aligned");
+  expect_invalid_argument(
+      [&] {
+        kc::ch08::validate_gathered_a(shape, {m.c + 8, 8, m.offsets}, m.c, 16);
+      },
+      "c must not overlap a.x");
+  expect_invalid_argument(
+      [&] {
+        kc::ch08::validate_gathered_a(shape, {m.a, 8, reinterpret_cast<const std::int32_t*>(m.c + 60)}, m.c, 16);
+      },
+      "c must not overlap a.rows");
+  // The launch checks them before any CUDA call, as it does Chapter 8's.
+  expect_invalid_argument(
+      [&] {
+        kc::ch08::grouped_gemm_hopper_gather(shape, {m.a, 8, nullptr}, m.w, m.c, m.offsets, epilogue, m.workspace,
+                                             bytes);
+      },
+      "a.rows must not be null");
+}
+
 // SwiGLU's C has N / 2 columns: an operand right after that narrower C does not overlap it.
 TEST_F(HopperGroupedRules, SwigluCIsHalfAsWide) {
   epilogue = {EpilogueKind::swiglu, nullptr};

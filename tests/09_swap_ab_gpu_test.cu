@@ -6,6 +6,7 @@
 // sm_90.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -244,4 +245,43 @@ TEST_F(SwapAbGpu, BadArgumentsWriteNothing) {
       "must be a multiple of 8");
   kc::check(cudaDeviceSynchronize());
   expect_all_poisoned(c.to_host(), "a rejected call wrote c");
+}
+
+// A gathered from another matrix (grouped_gemm_decode_gather: row r of A is row rows[r] of x, Chapter
+// 10's fused permutation): bitwise what grouped_gemm_decode gives on the copied rows, through the
+// swapped kernel (few tokens per expert) and Chapter 8's (many), plain and SwiGLU; rows past the
+// tile's tokens and repeated source rows included.
+TEST_F(SwapAbGpu, GatheredRowsMatchTheCopy) {
+  const std::uint64_t seed = kc::test::test_seed();
+  const std::vector<std::vector<std::int32_t>> size_sets = {
+      {1, 0, 5, 2, 9}, {3, 40, 0, 64, 17}, {300, 0, 129, 1}};  // the last: Chapter 8's kernel
+  for (const std::vector<std::int32_t>& sizes : size_sets) {
+    for (EpilogueKind kind : {EpilogueKind::plain, EpilogueKind::swiglu}) {
+      Problem p = random_problem(sizes, 264, 200, seed, 0);
+      const std::int64_t x_rows = 37;
+      std::vector<bf16> x(static_cast<std::size_t>(x_rows * p.shape.k));
+      kc::fill_uniform(std::span<bf16>(x), seed + 7);
+      std::vector<std::int32_t> rows(static_cast<std::size_t>(p.shape.m_total));
+      std::mt19937 gen(static_cast<std::uint32_t>(seed));
+      for (std::int32_t& r : rows) r = static_cast<std::int32_t>(gen() % x_rows);
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        std::copy_n(x.begin() + rows[r] * p.shape.k, p.shape.k, p.a.begin() + static_cast<std::int64_t>(r) * p.shape.k);
+      }
+      SCOPED_TRACE("M=" + std::to_string(p.shape.m_total) + (kind == EpilogueKind::swiglu ? " swiglu" : " plain"));
+      const GroupedEpilogue e{kind};
+      const std::vector<bf16> copied = run(p, Kernel::after, e).c;
+      const DeviceProblem d(p);
+      const kc::DeviceBuffer<bf16> d_x(x);
+      const kc::DeviceBuffer<std::int32_t> d_rows(rows);
+      kc::DeviceBuffer<unsigned char> workspace(kc::ch08::grouped_gemm_hopper_workspace_bytes(p.shape));
+      kc::test::GuardedOutput<bf16> c(
+          static_cast<std::size_t>(p.shape.m_total * kc::ch08::output_columns(p.shape.n, kind)));
+      kc::ch09::grouped_gemm_decode_gather(p.shape, {d_x.data(), x_rows, d_rows.data()}, d.w.data(), c.data(),
+                                           d.offsets.data(), e, workspace.data(), workspace.size());
+      kc::check(cudaDeviceSynchronize());
+      EXPECT_EQ(c.guard_damage(), 0u);
+      EXPECT_TRUE(same_bytes(c.to_host(), copied)) << "the gathered rows differ from the copied ones";
+      if (kind == EpilogueKind::plain) expect_matches_fp64(p, c.to_host(), seed);
+    }
+  }
 }

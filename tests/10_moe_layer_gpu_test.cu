@@ -54,10 +54,12 @@ struct Variant {
 
 std::vector<Variant> variants() {
   std::vector<Variant> all{{"before", kc::ch10::moe_layer_before}};
-  for (MoeStep step : {MoeStep::swiglu_epilogue, MoeStep::weight_in_down, MoeStep::shared_as_expert}) {
-    all.push_back({kc::ch10::to_string(step), [step](const MoeConfig& c, std::int64_t t, const bf16* x,
-                                                     const kc::ch10::MoeWeights& w, bf16* y, void* ws, std::size_t n,
-                                                     cudaStream_t s) { kc::ch10::moe_layer_step(step, c, t, x, w, y, ws, n, s); }});
+  for (MoeStep step :
+       {MoeStep::swiglu_epilogue, MoeStep::weight_in_down, MoeStep::shared_as_expert, MoeStep::gather_in_up}) {
+    all.push_back(
+        {kc::ch10::to_string(step),
+         [step](const MoeConfig& c, std::int64_t t, const bf16* x, const kc::ch10::MoeWeights& w, bf16* y, void* ws,
+                std::size_t n, cudaStream_t s) { kc::ch10::moe_layer_step(step, c, t, x, w, y, ws, n, s); }});
   }
   all.push_back({"after", kc::ch10::moe_layer_after});
   return all;
@@ -150,8 +152,10 @@ struct Layer {
       if (fresh) {
         it->second.first.resize(up_size);
         it->second.second.resize(down_size);
-        kc::check(cudaMemcpy(it->second.first.data(), d_up->data() + e * 2 * i * h, up_size * 2, cudaMemcpyDeviceToHost));
-        kc::check(cudaMemcpy(it->second.second.data(), d_down->data() + e * h * i, down_size * 2, cudaMemcpyDeviceToHost));
+        kc::check(
+            cudaMemcpy(it->second.first.data(), d_up->data() + e * 2 * i * h, up_size * 2, cudaMemcpyDeviceToHost));
+        kc::check(
+            cudaMemcpy(it->second.second.data(), d_down->data() + e * h * i, down_size * 2, cudaMemcpyDeviceToHost));
       }
       w_up = it->second.first;
       w_down = it->second.second;
@@ -160,7 +164,8 @@ struct Layer {
       w_down = std::span<const bf16>(down).subspan(static_cast<std::size_t>(e) * down_size, down_size);
     }
     return kc::ch10::expert_reference(
-        std::span<const bf16>(x).subspan(static_cast<std::size_t>(t * h), static_cast<std::size_t>(h)), w_up, w_down, i);
+        std::span<const bf16>(x).subspan(static_cast<std::size_t>(t * h), static_cast<std::size_t>(h)), w_up, w_down,
+        i);
   }
 };
 
@@ -221,7 +226,8 @@ void expect_matches_reference(const Layer& layer, const Result& got, const std::
     std::vector<double> y(static_cast<std::size_t>(c.hidden), 0.0);
     for (std::size_t j = 0; j < k + static_cast<std::size_t>(c.shared_experts); ++j) {
       const bool routed = j < k;
-      const std::int64_t e = routed ? want.ids[static_cast<std::size_t>(t) * k + j] : c.experts + static_cast<std::int64_t>(j - k);
+      const std::int64_t e =
+          routed ? want.ids[static_cast<std::size_t>(t) * k + j] : c.experts + static_cast<std::int64_t>(j - k);
       const double w = routed ? want.weights[static_cast<std::size_t>(t) * k + j] : 1.0;
       const std::vector<double> out = layer.expert_output(t, e);
       for (std::size_t col = 0; col < y.size(); ++col) y[col] += w * out[col];
@@ -279,7 +285,8 @@ TEST_F(MoeLayerGpu, EmptyAndOverloadedExpertsAndTies) {
     for (bf16& v : layer.x) v = __float2bfloat16(std::fabs(__bfloat162float(v)));
     for (int e = 0; e < c.k; ++e) {
       for (std::int64_t col = 0; col < c.hidden; ++col) {
-        layer.router[static_cast<std::size_t>(e * c.hidden + col)] = __float2bfloat16(0.5f - 0.03f * static_cast<float>(e));
+        layer.router[static_cast<std::size_t>(e * c.hidden + col)] =
+            __float2bfloat16(0.5f - 0.03f * static_cast<float>(e));
       }
     }
     layer.upload_inputs();
@@ -344,14 +351,14 @@ TEST_F(MoeLayerGpu, CombineRowsIsTheSlotOrderSum) {
   const std::vector<bf16> got = y.to_host();
   for (std::int64_t t = 0; t < tokens; ++t) {
     for (std::int64_t col = 0; col < hidden; col += 8) {
-      const kc::ch10::Columns8 want = kc::ch10::sum_slot_rows(row_of_pair.data() + t * slots, slots, [&](std::int32_t r) {
-        kc::ch10::Columns8 v;
-        for (int i = 0; i < 8; ++i) v.v[i] = __bfloat162float(rows[static_cast<std::size_t>(r * hidden + col + i)]);
-        return v;
-      });
+      const kc::ch10::Columns8 want =
+          kc::ch10::sum_slot_rows(row_of_pair.data() + t * slots, slots, [&](std::int32_t r) {
+            kc::ch10::Columns8 v;
+            for (int i = 0; i < 8; ++i) v.v[i] = __bfloat162float(rows[static_cast<std::size_t>(r * hidden + col + i)]);
+            return v;
+          });
       for (int i = 0; i < 8; ++i) {
-        ASSERT_EQ(bits(got[static_cast<std::size_t>(t * hidden + col + i)]),
-                  bits(__float2bfloat16(want.v[i])))
+        ASSERT_EQ(bits(got[static_cast<std::size_t>(t * hidden + col + i)]), bits(__float2bfloat16(want.v[i])))
             << "token " << t << " column " << col + i;
       }
     }

@@ -199,17 +199,20 @@ TEST(MoeRules, StepsCheckTheSameRules) {
   void* ws = fake<void>(0x1000000);
   const std::size_t bytes = kc::ch10::moe_workspace_bytes(c, 5);
   for (kc::ch10::MoeStep step : {kc::ch10::MoeStep::swiglu_epilogue, kc::ch10::MoeStep::weight_in_down,
-                                 kc::ch10::MoeStep::shared_as_expert}) {
+                                 kc::ch10::MoeStep::shared_as_expert, kc::ch10::MoeStep::gather_in_up}) {
     expect_invalid_argument([&] { kc::ch10::moe_layer_step(step, c, 5, x, w, y, ws, bytes); },
                             "weights.down must not be null");
   }
-  expect_invalid_argument([&] { kc::ch10::moe_layer_after(c, 5, x, w, y, ws, bytes); }, "weights.down must not be null");
-  expect_invalid_argument([&] { kc::ch10::moe_layer_step(static_cast<kc::ch10::MoeStep>(7), c, 5, x, w, y, ws, bytes); },
-                          "step must be a MoeStep");
+  expect_invalid_argument([&] { kc::ch10::moe_layer_after(c, 5, x, w, y, ws, bytes); },
+                          "weights.down must not be null");
+  expect_invalid_argument(
+      [&] { kc::ch10::moe_layer_step(static_cast<kc::ch10::MoeStep>(7), c, 5, x, w, y, ws, bytes); },
+      "step must be a MoeStep");
   EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::swiglu_epilogue), "step1_swiglu_epilogue");
   EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::weight_in_down), "step2_weight_in_down");
   EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::shared_as_expert), "step3_shared_as_expert");
-  EXPECT_EQ(kc::ch10::kMoeAfterStep, kc::ch10::MoeStep::shared_as_expert);
+  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::gather_in_up), "step4_gather_in_up");
+  EXPECT_EQ(kc::ch10::kMoeAfterStep, kc::ch10::MoeStep::gather_in_up);
 }
 
 TEST(MoeCombine, RulesNameTheArgument) {

@@ -169,12 +169,13 @@ struct PermuteOutputs {
   std::int32_t* offsets = nullptr;       ///< [E + 1] exclusive scan of counts (offsets[E] = valid pairs)
   std::int32_t* row_of_pair = nullptr;   ///< [T·k] row of A holding pair p (-1 for an id outside [0, E))
   std::int32_t* token_of_row = nullptr;  ///< [T·k] token whose copy row r of A is (rows >= offsets[E]: untouched)
-  __nv_bfloat16* a = nullptr;            ///< [T·k, K] permuted tokens: A[row_of_pair[t·k+j]] = X[t]
+  __nv_bfloat16* a = nullptr;            ///< [T·k, K] permuted tokens: A[row_of_pair[t·k+j]] = X[t]; null: no copies
 };
 
 /// Checks the permutation's rules (T·k <= 2^31 - 1, k in [1, 32], E in [1, kMaxExperts], K >= 1 a
-/// multiple of 8, counts and offsets never null, the other pointers not null when T > 0, x and a
-/// 16-byte aligned, a not overlapping x). T = 0 writes zero counts and offsets and nothing else.
+/// multiple of 8, counts and offsets never null, ids, row_of_pair and token_of_row not null when T > 0,
+/// and when a is not null (a kernel that gathers its rows through token_of_row needs no copies): x
+/// not null, x and a 16-byte aligned, a not overlapping x). T = 0 writes zero counts and offsets and nothing else.
 /// Host-only.
 void validate_permute(const PermuteShape& shape, const std::int32_t* ids, const __nv_bfloat16* x,
                       const PermuteOutputs& out);

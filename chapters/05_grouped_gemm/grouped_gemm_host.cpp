@@ -165,10 +165,10 @@ void validate_permute(const PermuteShape& shape, const std::int32_t* ids, const 
   if (out.offsets == nullptr) throw InvalidArgument("out.offsets must not be null");
   if (shape.tokens == 0) return;
   if (ids == nullptr) throw InvalidArgument("ids must not be null when shape.tokens > 0");
-  if (x == nullptr) throw InvalidArgument("x must not be null when shape.tokens > 0");
   if (out.row_of_pair == nullptr) throw InvalidArgument("out.row_of_pair must not be null when shape.tokens > 0");
   if (out.token_of_row == nullptr) throw InvalidArgument("out.token_of_row must not be null when shape.tokens > 0");
-  if (out.a == nullptr) throw InvalidArgument("out.a must not be null when shape.tokens > 0");
+  if (out.a == nullptr) return;  // the index maps only: no copies, x is not read
+  if (x == nullptr) throw InvalidArgument("x must not be null when out.a is not");
   if (!kc::aligned_to(x, 16)) throw InvalidArgument("x must be 16-byte aligned");
   if (!kc::aligned_to(out.a, 16)) throw InvalidArgument("out.a must be 16-byte aligned");
   const auto pairs = static_cast<std::uint64_t>(shape.tokens) * static_cast<std::uint64_t>(shape.k);

@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if (p < pairs) row_of_pair[p] = row;
     if (valid) token_of_row[row] = token;
     // Copy the round's token rows, one row at a time by the whole warp (coalesced 16-byte vectors).
-    for (int j = 0; j < 32; ++j) {
+    // Without a (a kernel that gathers through token_of_row), the index maps are all.
+    for (int j = 0; a != nullptr && j < 32; ++j) {
       const int dst = __shfl_sync(0xFFFFFFFFu, row, j);
       const int src = __shfl_sync(0xFFFFFFFFu, token, j);
       if (dst < 0) continue;  // uniform across the warp

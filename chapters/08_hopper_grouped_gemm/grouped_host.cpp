@@ -130,24 +130,41 @@ void grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, 
   grouped_gemm_hopper_step(kAfterStep, shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
 }
 
-void detail::grouped_gemm_hopper_ordered(GroupedStep step, int group_m, const GroupedGemmShape& shape,
-                                         const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
-                                         const std::int32_t* offsets, const GroupedEpilogue& epilogue, void* workspace,
-                                         std::size_t workspace_bytes, cudaStream_t stream) {
-  // 1. Every rule, before any CUDA call.
-  validate_grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, step);
-  if (group_m < 1) throw InvalidArgument("group_m (" + std::to_string(group_m) + ") must be at least 1");
-  if (shape.m_total == 0) return;  // no rows: nothing to compute or write
+void validate_gathered_a(const GroupedGemmShape& shape, const GatheredA& a, const __nv_bfloat16* c,
+                         std::int64_t n_out) {
+  if (shape.m_total == 0) return;
+  if (a.x_rows < 1 || a.x_rows > 0x7FFFFFFF) {
+    throw InvalidArgument("a.x_rows (" + std::to_string(a.x_rows) + ") must be in [1, 2^31 - 1]");
+  }
+  if (a.rows == nullptr) throw InvalidArgument("a.rows must not be null when shape.m_total > 0");
+  if (!kc::aligned_to(a.rows, 4)) throw InvalidArgument("a.rows must be 4-byte aligned");
+  const std::uint64_t c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(n_out) * 2;
+  const std::uint64_t x_bytes = static_cast<std::uint64_t>(a.x_rows) * static_cast<std::uint64_t>(shape.k) * 2;
+  if (kc::overlaps(c, c_bytes, a.x, x_bytes)) throw InvalidArgument("c must not overlap a.x");
+  if (kc::overlaps(c, c_bytes, a.rows, static_cast<std::uint64_t>(shape.m_total) * 4)) {
+    throw InvalidArgument("c must not overlap a.rows");
+  }
+}
+
+namespace {
+
+// A launch whose arguments have passed every rule: the maps' rules, the GPU, then the maps, the prefix
+// kernel and the GEMM. With @p gather, A's rows are loaded from gather->x through gather->rows.
+void enqueue_grouped(GroupedStep step, int group_m, const GroupedGemmShape& shape, const __nv_bfloat16* a,
+                     const GatheredA* gather, const __nv_bfloat16* w, __nv_bfloat16* c, const std::int32_t* offsets,
+                     const GroupedEpilogue& epilogue, void* workspace, cudaStream_t stream) {
   const bool swiglu = epilogue.kind == EpilogueKind::swiglu;
   const std::int64_t n_out = output_columns(shape.n, epilogue.kind);
-  const ch07::TensorMapSpec a_spec = ch07::bf16_row_major_map(a, shape.m_total, shape.k, kTile.block_m);
+  const ch07::TensorMapSpec a_spec = gather != nullptr
+                                         ? ch07::bf16_row_major_map(gather->x, gather->x_rows, shape.k, 1)
+                                         : ch07::bf16_row_major_map(a, shape.m_total, shape.k, kTile.block_m);
   const ch07::TensorMapSpec w_spec =
       ch07::bf16_row_major_map(w, static_cast<std::int64_t>(shape.experts) * shape.n, shape.k, kWBoxRows);
   ch07::validate_tensor_map(a_spec, "a");
   ch07::validate_tensor_map(w_spec, "w");
-  // 2. Can this build and GPU run it?
+  // Can this build and GPU run it?
   ch07::require_hopper("Chapter 8", detail::kernels_built());
-  // 3. Maps (host-only encoding), the prefix kernel, the GEMM.
+  // The maps (host-only encoding), the prefix kernel, the GEMM.
   const CUtensorMap a_map = ch07::encode_tensor_map(a_spec, "a");
   const CUtensorMap w_map = ch07::encode_tensor_map(w_spec, "w");
   CUtensorMap c_map{};  // step 2: the base of the experts' maps; step 3: the ragged map
@@ -176,8 +193,35 @@ void detail::grouped_gemm_hopper_ordered(GroupedStep step, int group_m, const Gr
   args.tiles_n = grouped_tiles_n(args.n, epilogue.kind);
   args.group_m = group_m;
   args.paired_stores = n_out % 2 == 0 && kc::aligned_to(c, 4);
+  args.gather_rows = gather != nullptr ? gather->rows : nullptr;
   const std::int64_t tile_bound = ch05::max_m_tiles(shape.m_total, shape.experts, kTile.block_m) * args.tiles_n;
-  detail::launch_grouped(step, swiglu, a_map, w_map, c_map, args, tile_bound, stream);
+  if (gather != nullptr) {
+    detail::launch_gather(swiglu, a_map, w_map, c_map, args, tile_bound, stream);
+  } else {
+    detail::launch_grouped(step, swiglu, a_map, w_map, c_map, args, tile_bound, stream);
+  }
+}
+
+}  // namespace
+
+void detail::grouped_gemm_hopper_ordered(GroupedStep step, int group_m, const GroupedGemmShape& shape,
+                                         const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* c,
+                                         const std::int32_t* offsets, const GroupedEpilogue& epilogue, void* workspace,
+                                         std::size_t workspace_bytes, cudaStream_t stream) {
+  // Every rule, before any CUDA call.
+  validate_grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, step);
+  if (group_m < 1) throw InvalidArgument("group_m (" + std::to_string(group_m) + ") must be at least 1");
+  if (shape.m_total == 0) return;  // no rows: nothing to compute or write
+  enqueue_grouped(step, group_m, shape, a, nullptr, w, c, offsets, epilogue, workspace, stream);
+}
+
+void grouped_gemm_hopper_gather(const GroupedGemmShape& shape, const GatheredA& a, const __nv_bfloat16* w,
+                                __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                                void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes, kAfterStep);
+  validate_gathered_a(shape, a, c, output_columns(shape.n, epilogue.kind));
+  if (shape.m_total == 0) return;
+  enqueue_grouped(kAfterStep, kGroupM, shape, nullptr, &a, w, c, offsets, epilogue, workspace, stream);
 }
 
 }  // namespace kc::ch08

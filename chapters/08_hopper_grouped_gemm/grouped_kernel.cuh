@@ -54,10 +54,17 @@ __device__ __forceinline__ void stage_values(const Value& value, unsigned char* 
   }
 }
 
+/// The A rows one producer lane loads when the kernel gathers them (kGather): rows lane, lane + 32,
+/// lane + 64 and lane + 96 of the tile, each a one-row box of X.
+inline constexpr int kGatherRowsPerLane = kTile.block_m / 32;
+
 /// The grouped kernel: see the file's description. @p kStep picks the store, @p kSwiglu the epilogue
 /// (silu(gate) · up over the two W boxes' halves of the accumulators); args.row_scale, when not null,
-/// scales each row of C.
-template <GroupedStep kStep, bool kSwiglu>
+/// scales each row of C. @p kGather: A's row r is row args.gather_rows[r] of the matrix @p a_map maps
+/// (X, in one-row boxes): the producer warp's 32 lanes load the tile's 128 rows one by one (TMA
+/// swizzles each by its shared-memory address, so they land as one 128-row box would), and no
+/// permuted copy of the tokens exists.
+template <GroupedStep kStep, bool kSwiglu, bool kGather = false>
 __global__ void __launch_bounds__(kTile.threads(), 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap c_map, const GroupedArgs args) {
@@ -67,6 +74,7 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   constexpr int kConsumerWarps = kTile.consumer_warpgroups * kWarpgroupThreads / 32;
   constexpr int kProducerRegisters = 40;
   constexpr int kConsumerRegisters = 232;
+  constexpr int kProducerLanes = kGather ? 32 : 1;
   // Output columns per consumer and tile: 256 plain (staged in two parts of 128), 128 SwiGLU (one part).
   constexpr int kOutCols = output_tile_cols(kKind);
   constexpr int kParts = kOutCols / 128;
@@ -103,7 +111,8 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   if (warpgroup == 0) {
     // ------------------------------------------------------------------------------------- producer
     ptx::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < kProducerLanes) {
+      const int lane = static_cast<int>(threadIdx.x);
       PipelineState p;
       const std::uint64_t evict_last = ptx::l2_evict_last_policy();
       for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
@@ -113,19 +122,44 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
         // other SMs at other times. Its A boxes are loaded evict-last: the L2 keeps them while the
         // weights stream past, until the expert's last n-tile has read them.
         const bool keep_a = kKeepA && args.tile_prefix[work.expert + 1] - args.tile_prefix[work.expert] == 1;
-        for (int kt = 0; kt < k_tiles; ++kt, p.advance(kTile.stages)) {
-          if (p.wrapped) ptx::mbarrier_wait(&empty[p.stage], p.phase ^ 1u);
-          // Every box is whole in bytes, zeros included: the stage always receives stage_bytes().
-          ptx::mbarrier_arrive_expect_tx(&full[p.stage], kTile.stage_bytes());
-          unsigned char* s = stage(p.stage);
-          if (keep_a) {
-            ptx::tma_load_2d_hinted(s, &a_map, &full[p.stage], kt * kBlockK, work.row0, evict_last);
-          } else {
-            ptx::tma_load_2d(s, &a_map, &full[p.stage], kt * kBlockK, work.row0);
+        // Gathering: this lane's rows of X, once per tile. Rows past the expert are never stored: they
+        // load its last row again, so every box is whole and in bounds.
+        [[maybe_unused]] int source[kGather ? kGatherRowsPerLane : 1];
+        if constexpr (kGather) {
+#pragma unroll
+          for (int j = 0; j < kGatherRowsPerLane; ++j) {
+            source[j] = args.gather_rows[min(work.row0 + lane + 32 * j, work.row_end - 1)];
           }
-          ptx::tma_load_2d(s + kTile.a_box_bytes(), &w_map, &full[p.stage], kt * kBlockK, w_rows.first);
-          ptx::tma_load_2d(s + kTile.a_box_bytes() + kWBoxRows * 128, &w_map, &full[p.stage], kt * kBlockK,
-                           w_rows.second);
+        }
+        for (int kt = 0; kt < k_tiles; ++kt, p.advance(kTile.stages)) {
+          unsigned char* s = stage(p.stage);
+          if (lane == 0) {
+            if (p.wrapped) ptx::mbarrier_wait(&empty[p.stage], p.phase ^ 1u);
+            // Every box is whole in bytes, zeros included: the stage always receives stage_bytes().
+            ptx::mbarrier_arrive_expect_tx(&full[p.stage], kTile.stage_bytes());
+            if constexpr (!kGather) {
+              if (keep_a) {
+                ptx::tma_load_2d_hinted(s, &a_map, &full[p.stage], kt * kBlockK, work.row0, evict_last);
+              } else {
+                ptx::tma_load_2d(s, &a_map, &full[p.stage], kt * kBlockK, work.row0);
+              }
+            }
+            ptx::tma_load_2d(s + kTile.a_box_bytes(), &w_map, &full[p.stage], kt * kBlockK, w_rows.first);
+            ptx::tma_load_2d(s + kTile.a_box_bytes() + kWBoxRows * 128, &w_map, &full[p.stage], kt * kBlockK,
+                             w_rows.second);
+          }
+          if constexpr (kGather) {
+            __syncwarp();  // lane 0 has seen the stage empty: every lane may now fill it
+#pragma unroll
+            for (int j = 0; j < kGatherRowsPerLane; ++j) {
+              unsigned char* row = s + (lane + 32 * j) * 128;  // 64 bf16 of K per row
+              if (keep_a) {
+                ptx::tma_load_2d_hinted(row, &a_map, &full[p.stage], kt * kBlockK, source[j], evict_last);
+              } else {
+                ptx::tma_load_2d(row, &a_map, &full[p.stage], kt * kBlockK, source[j]);
+              }
+            }
+          }
         }
       }
     }
@@ -239,20 +273,21 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   if (kTmaStore && store_leader) ptx::bulk_wait_group<0>();
 }
 
-/// Enqueues grouped_gemm_kernel<kStep, kSwiglu>: the shared-memory opt-in and the SM count once per
-/// device, then a persistent grid of min(SMs, @p tile_bound) blocks.
-template <GroupedStep kStep, bool kSwiglu>
+/// Enqueues grouped_gemm_kernel<kStep, kSwiglu, kGather>: the shared-memory opt-in and the SM count once
+/// per device, then a persistent grid of min(SMs, @p tile_bound) blocks.
+template <GroupedStep kStep, bool kSwiglu, bool kGather = false>
 void launch_grouped_kernel(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                            const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream) {
   const int sms = cached_per_device([](int device) {
-    check(cudaFuncSetAttribute(grouped_gemm_kernel<kStep, kSwiglu>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kTile.smem_bytes())));
+    check(cudaFuncSetAttribute(grouped_gemm_kernel<kStep, kSwiglu, kGather>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTile.smem_bytes())));
     int count = 0;
     check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     return count;
   });
   const int grid = ch07::persistent_grid(tile_bound, sms);
-  grouped_gemm_kernel<kStep, kSwiglu><<<grid, kTile.threads(), kTile.smem_bytes(), stream>>>(a_map, w_map, c_map, args);
+  grouped_gemm_kernel<kStep, kSwiglu, kGather>
+      <<<grid, kTile.threads(), kTile.smem_bytes(), stream>>>(a_map, w_map, c_map, args);
   check_launch();
 }
 

@@ -23,6 +23,7 @@ struct GroupedArgs {
   const std::int32_t* tile_prefix = nullptr;  ///< [E + 1] m-tile prefix, written by the prefix kernel
   const CUtensorMap* expert_maps = nullptr;   ///< [E] store maps, written by the prefix kernel (step 2)
   const float* row_scale = nullptr;           ///< [m_total] or null (no scaling)
+  const std::int32_t* gather_rows = nullptr;  ///< [m_total] the gathering kernel's rows of X (A[r] = X[gather_rows[r]])
   int m_total = 0;                            ///< rows of A and C
   int n = 0;                                  ///< W rows per expert
   int k = 0;                                  ///< the reduction length
@@ -82,6 +83,11 @@ void launch_step3(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_ma
 /// Step 4's launcher (step4_a_evict_last.cu), as launch_step3.
 void launch_step4(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                   const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
+
+/// The gathering kernel's launcher (gather_rows.cu): step 4's kernel with A's rows loaded one by one
+/// from X through args.gather_rows; @p x_map is X's map in one-row boxes.
+void launch_gather(bool swiglu, const CUtensorMap& x_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                   const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
 
 /// True in the build with kernels, false in the stub build.
 bool kernels_built();

@@ -162,6 +162,41 @@ void grouped_gemm_hopper_step(GroupedStep step, const GroupedGemmShape& shape, c
                               const GroupedEpilogue& epilogue, void* workspace, std::size_t workspace_bytes,
                               cudaStream_t stream = nullptr);
 
+/// A whose rows are gathered from another matrix: row r of A is row rows[r] of x. An MoE layer's
+/// permuted tokens are such an A (x the tokens, rows the permutation's token_of_row): a kernel that
+/// loads them from x needs no permuted copy.
+struct GatheredA {
+  const __nv_bfloat16* x = nullptr;    ///< [x_rows, K] on the device, 16-byte aligned
+  std::int64_t x_rows = 0;             ///< rows of x, in [1, 2^31 - 1]
+  const std::int32_t* rows = nullptr;  ///< [M_total] on the device: rows[r] in [0, x_rows) for r < offsets[E]
+};
+
+/// Checks a gathered A's rules besides grouped_gemm_hopper's (where a.x stands for A): when M_total >
+/// 0, a.x_rows in [1, 2^31 - 1], a.rows not null and 4-byte aligned, c overlapping neither a.x nor
+/// a.rows. Throws kc::InvalidArgument naming the first rule broken. Host-only. (A row index outside
+/// [0, x_rows) is device data, not checked: TMA reads zeros for it.)
+/// @param shape sizes
+/// @param a the gathered A
+/// @param c [M_total, n_out] output
+/// @param n_out columns of C
+void validate_gathered_a(const GroupedGemmShape& shape, const GatheredA& a, const __nv_bfloat16* c, std::int64_t n_out);
+
+/// grouped_gemm_hopper (step 4's kernel) with A gathered: the producer loads each row of a tile as a
+/// one-row TMA box of x, at a.rows[r]. Same rules as grouped_gemm_hopper with a.x as A, plus
+/// validate_gathered_a's.
+/// @param shape sizes
+/// @param a the gathered A
+/// @param w [E, N, K] expert weights
+/// @param c [M_total, n_out] output
+/// @param offsets [E + 1] device row offsets
+/// @param epilogue plain, swiglu or row_scale
+/// @param workspace device scratch of grouped_gemm_hopper_workspace_bytes(shape)
+/// @param workspace_bytes its size
+/// @param stream the stream to enqueue on
+void grouped_gemm_hopper_gather(const GroupedGemmShape& shape, const GatheredA& a, const __nv_bfloat16* w,
+                                __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                                void* workspace, std::size_t workspace_bytes, cudaStream_t stream = nullptr);
+
 /// Before: what a framework's loop over experts does, with Chapter 7's `after` (gemm_bf16_hopper, no
 /// workspace) launched once per non-empty expert on its rows of A and C and its W. It needs the group
 /// sizes on the host (@p host_offsets, validated exactly as ch05::validate_host_offsets does): a real

@@ -19,5 +19,9 @@ void launch_grouped(GroupedStep, bool, const CUtensorMap&, const CUtensorMap&, c
                     std::int64_t, cudaStream_t) {
   unavailable();
 }
+void launch_gather(bool, const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, const GroupedArgs&, std::int64_t,
+                   cudaStream_t) {
+  unavailable();
+}
 
 }  // namespace kc::ch08::detail

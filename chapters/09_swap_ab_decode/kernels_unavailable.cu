@@ -11,4 +11,8 @@ void launch_swapped(SwapStep, int, bool, const CUtensorMap&, const CUtensorMap&,
   throw UnsupportedGpu("Chapter 9 was built without sm_90a kernels (no 90 entry in CMAKE_CUDA_ARCHITECTURES)");
 }
 
+void launch_gather(int, bool, const CUtensorMap&, const CUtensorMap&, const SwapArgs&, std::int64_t, cudaStream_t) {
+  throw UnsupportedGpu("Chapter 9 was built without sm_90a kernels (no 90 entry in CMAKE_CUDA_ARCHITECTURES)");
+}
+
 }  // namespace kc::ch09::detail

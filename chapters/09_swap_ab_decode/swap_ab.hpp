@@ -101,4 +101,20 @@ void grouped_gemm_decode(const GroupedGemmShape& shape, const __nv_bfloat16* a, 
                          __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
                          void* workspace, std::size_t workspace_bytes, cudaStream_t stream = nullptr);
 
+/// grouped_gemm_decode with A gathered (Chapter 8's GatheredA: row r of A is row a.rows[r] of a.x): the
+/// same dispatch, to the gathering variant of step 3 or of Chapter 8's kernel
+/// (grouped_gemm_hopper_gather). Same rules, with a.x as A, plus ch08::validate_gathered_a's.
+/// @param shape sizes
+/// @param a the gathered A
+/// @param w [E, N, K] expert weights
+/// @param c [M_total, n_out] output
+/// @param offsets [E + 1] device row offsets
+/// @param epilogue plain, swiglu or row_scale
+/// @param workspace device scratch of ch08::grouped_gemm_hopper_workspace_bytes(shape)
+/// @param workspace_bytes its size
+/// @param stream the stream to enqueue on
+void grouped_gemm_decode_gather(const GroupedGemmShape& shape, const ch08::GatheredA& a, const __nv_bfloat16* w,
+                                __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                                void* workspace, std::size_t workspace_bytes, cudaStream_t stream = nullptr);
+
 }  // namespace kc::ch09

@@ -40,13 +40,15 @@ void validate_swap_ab(const GroupedGemmShape& shape, const __nv_bfloat16* a, con
 namespace {
 
 // A swapped launch whose arguments have passed validate_swap_ab, M_total > 0: the tensor maps' rules,
-// the GPU, then the maps and the one kernel.
+// the GPU, then the maps and the one kernel. With @p gather (step 3 only), the token rows are loaded
+// from gather->x through gather->rows.
 void enqueue_swapped(SwapStep step, const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
                      __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const ch08::GatheredA* gather = nullptr) {
   const int tokens =
       step == SwapStep::token_tile ? decode_choice(shape.m_total, shape.experts).token_tile : kMaxTokenTile;
-  const ch07::TensorMapSpec a_spec = ch07::bf16_row_major_map(a, shape.m_total, shape.k, tokens);
+  const ch07::TensorMapSpec a_spec = gather != nullptr ? ch07::bf16_row_major_map(gather->x, gather->x_rows, shape.k, 1)
+                                                       : ch07::bf16_row_major_map(a, shape.m_total, shape.k, tokens);
   const ch07::TensorMapSpec w_spec =
       ch07::bf16_row_major_map(w, static_cast<std::int64_t>(shape.experts) * shape.n, shape.k, kWBoxRows);
   ch07::validate_tensor_map(a_spec, "a");
@@ -64,8 +66,14 @@ void enqueue_swapped(SwapStep step, const GroupedGemmShape& shape, const __nv_bf
   args.experts = shape.experts;
   args.n_out = static_cast<int>(ch08::output_columns(shape.n, epilogue.kind));
   args.tiles_n = swap_tiles_n(args.n, epilogue.kind);
+  args.gather_rows = gather != nullptr ? gather->rows : nullptr;
   const std::int64_t tile_bound = ch05::max_m_tiles(shape.m_total, shape.experts, tokens) * args.tiles_n;
-  detail::launch_swapped(step, tokens, epilogue.kind == EpilogueKind::swiglu, a_map, w_map, args, tile_bound, stream);
+  const bool swiglu = epilogue.kind == EpilogueKind::swiglu;
+  if (gather != nullptr) {
+    detail::launch_gather(tokens, swiglu, a_map, w_map, args, tile_bound, stream);
+  } else {
+    detail::launch_swapped(step, tokens, swiglu, a_map, w_map, args, tile_bound, stream);
+  }
 }
 
 }  // namespace
@@ -91,6 +99,20 @@ void grouped_gemm_decode(const GroupedGemmShape& shape, const __nv_bfloat16* a, 
     enqueue_swapped(SwapStep::token_tile, shape, a, w, c, offsets, epilogue, stream);
   } else {
     ch08::grouped_gemm_hopper(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
+  }
+}
+
+void grouped_gemm_decode_gather(const GroupedGemmShape& shape, const ch08::GatheredA& a, const __nv_bfloat16* w,
+                                __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                                void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  validate_swap_ab(shape, a.x, w, c, offsets, epilogue);
+  ch08::validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes);
+  ch08::validate_gathered_a(shape, a, c, ch08::output_columns(shape.n, epilogue.kind));
+  if (shape.m_total == 0) return;
+  if (decode_choice(shape.m_total, shape.experts).swapped) {
+    enqueue_swapped(SwapStep::token_tile, shape, nullptr, w, c, offsets, epilogue, stream, &a);
+  } else {
+    ch08::grouped_gemm_hopper_gather(shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
   }
 }
 

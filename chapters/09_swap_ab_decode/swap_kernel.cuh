@@ -44,7 +44,10 @@ __device__ __forceinline__ float output_value(const float* from, int j) {
 
 /// The swapped kernel: see the file's description. @p kTokens is the token tile, @p kStages the
 /// pipeline depth, @p kSwiglu the epilogue; args.row_scale, when not null, scales each row of C.
-template <int kTokens, int kStages, bool kSwiglu>
+/// @p kGather: token row r is row args.gather_rows[r] of the matrix @p a_map maps (X, in one-row
+/// boxes), loaded by the producer warp's lanes one row each (Chapter 8's gathering kernel, with the
+/// token tile's rows).
+template <int kTokens, int kStages, bool kSwiglu, bool kGather = false>
 __global__ void __launch_bounds__(kSwapThreads, 1)
     swap_ab_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                    const SwapArgs args) {
@@ -80,19 +83,43 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
 
   if (warpgroup == 0) {
     // ------------------------------------------------------------------------------------- producer
-    if (threadIdx.x == 0) {
+    constexpr int kRowsPerLane = (kTokens + 31) / 32;  // gathering: token rows lane and lane + 32
+    if (threadIdx.x < (kGather ? 32 : 1)) {
+      const int lane = static_cast<int>(threadIdx.x);
       PipelineState p;
       for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
         const SwapWork work = work_of(tile);
         const SwapWRows w_rows = swap_w_rows(work.expert, work.n_tile, args.n, kKind);
+        // Gathering: this lane's rows of X, once per tile; rows past the tile's tokens (never stored)
+        // load its last token again, so every box is whole and in bounds.
+        [[maybe_unused]] int source[kGather ? kRowsPerLane : 1];
+        if constexpr (kGather) {
+#pragma unroll
+          for (int j = 0; j < kRowsPerLane; ++j) {
+            source[j] = args.gather_rows[work.row0 + min(lane + 32 * j, work.tokens - 1)];
+          }
+        }
         for (int kt = 0; kt < k_tiles; ++kt, p.advance(kStages)) {
-          if (p.wrapped) ptx::mbarrier_wait(&empty[p.stage], p.phase ^ 1u);
-          // Every box is whole in bytes, zeros included: the stage always receives stage_bytes().
-          ptx::mbarrier_arrive_expect_tx(&full[p.stage], kTile.stage_bytes());
           unsigned char* s = stage(p.stage);
-          ptx::tma_load_2d(s, &w_map, &full[p.stage], kt * kBlockK, w_rows.first);
-          ptx::tma_load_2d(s + kWBoxBytes, &w_map, &full[p.stage], kt * kBlockK, w_rows.second);
-          ptx::tma_load_2d(s + 2 * kWBoxBytes, &a_map, &full[p.stage], kt * kBlockK, work.row0);
+          if (lane == 0) {
+            if (p.wrapped) ptx::mbarrier_wait(&empty[p.stage], p.phase ^ 1u);
+            // Every box is whole in bytes, zeros included: the stage always receives stage_bytes().
+            ptx::mbarrier_arrive_expect_tx(&full[p.stage], kTile.stage_bytes());
+            ptx::tma_load_2d(s, &w_map, &full[p.stage], kt * kBlockK, w_rows.first);
+            ptx::tma_load_2d(s + kWBoxBytes, &w_map, &full[p.stage], kt * kBlockK, w_rows.second);
+            if constexpr (!kGather)
+              ptx::tma_load_2d(s + 2 * kWBoxBytes, &a_map, &full[p.stage], kt * kBlockK, work.row0);
+          }
+          if constexpr (kGather) {
+            __syncwarp();  // lane 0 has seen the stage empty: every lane may now fill it
+#pragma unroll
+            for (int j = 0; j < kRowsPerLane; ++j) {
+              const int row = lane + 32 * j;
+              if (row < kTokens) {
+                ptx::tma_load_2d(s + 2 * kWBoxBytes + row * 128, &a_map, &full[p.stage], kt * kBlockK, source[j]);
+              }
+            }
+          }
         }
       }
     }
@@ -153,34 +180,36 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   }
 }
 
-/// Enqueues swap_ab_kernel<kTokens, kStages, kSwiglu>: the shared-memory opt-in and the SM count once
-/// per device, then a persistent grid of min(SMs, @p tile_bound) blocks.
-template <int kTokens, int kStages, bool kSwiglu>
+/// Enqueues swap_ab_kernel<kTokens, kStages, kSwiglu, kGather>: the shared-memory opt-in and the SM
+/// count once per device, then a persistent grid of min(SMs, @p tile_bound) blocks.
+template <int kTokens, int kStages, bool kSwiglu, bool kGather = false>
 void launch_swap_kernel(const CUtensorMap& a_map, const CUtensorMap& w_map, const SwapArgs& args,
                         std::int64_t tile_bound, cudaStream_t stream) {
   constexpr SwapTile kTile{kTokens, kStages};
   static_assert(kTile.smem_bytes() <= ch07::kSm90SmemPerBlock, "the tile fits an sm_90 block");
   static_assert(kTile.stage_bytes() % ch07::kSwizzleAtomBytes == 0, "every box starts on a swizzle atom");
   const int sms = cached_per_device([](int device) {
-    check(cudaFuncSetAttribute(swap_ab_kernel<kTokens, kStages, kSwiglu>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(swap_ab_kernel<kTokens, kStages, kSwiglu, kGather>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(SwapTile{kTokens, kStages}.smem_bytes())));
     int count = 0;
     check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     return count;
   });
   const int grid = ch07::persistent_grid(tile_bound, sms);
-  swap_ab_kernel<kTokens, kStages, kSwiglu><<<grid, kSwapThreads, kTile.smem_bytes(), stream>>>(a_map, w_map, args);
+  swap_ab_kernel<kTokens, kStages, kSwiglu, kGather>
+      <<<grid, kSwapThreads, kTile.smem_bytes(), stream>>>(a_map, w_map, args);
   check_launch();
 }
 
 /// launch_swap_kernel with the epilogue picked at run time.
-template <int kTokens, int kStages>
+template <int kTokens, int kStages, bool kGather = false>
 void launch_swap_kernel(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map, const SwapArgs& args,
                         std::int64_t tile_bound, cudaStream_t stream) {
   if (swiglu) {
-    launch_swap_kernel<kTokens, kStages, true>(a_map, w_map, args, tile_bound, stream);
+    launch_swap_kernel<kTokens, kStages, true, kGather>(a_map, w_map, args, tile_bound, stream);
   } else {
-    launch_swap_kernel<kTokens, kStages, false>(a_map, w_map, args, tile_bound, stream);
+    launch_swap_kernel<kTokens, kStages, false, kGather>(a_map, w_map, args, tile_bound, stream);
   }
 }
 

@@ -63,8 +63,8 @@ MoeConfig mixtral_8x7b();
 MoeConfig qwen3_30b_a3b();
 
 /// Checks @p config: H and I multiples of 8 in [8, 2^31 - 1], S in [0, 8], the routing's parameters
-/// valid for Chapter 4 (E, k, groups) and E + S at most Chapter 5's kMaxExperts. Throws kc::InvalidArgument naming the first rule
-/// broken. Host-only.
+/// valid for Chapter 4 (E, k, groups) and E + S at most Chapter 5's kMaxExperts. Throws kc::InvalidArgument naming the
+/// first rule broken. Host-only.
 void moe_config_rules(const MoeConfig& config);
 
 /// Chapter 4's parameters for @p tokens tokens of @p config.
@@ -129,17 +129,22 @@ void moe_layer_before(const MoeConfig& config, std::int64_t tokens, const __nv_b
 ///   3. shared_as_expert: the shared experts as experts E .. E + S - 1 of the grouped GEMMs, every
 ///                        token routed to them with weight 1: their tiles run in the same launches as
 ///                        the routed experts', and the combine adds them (no dense GEMMs, no extra add).
+///   4. gather_in_up:     the up projection loads its token rows from x through the permutation's
+///                        token_of_row (one-row TMA boxes): the permutation writes its index maps only,
+///                        no [rows, H] copy of the tokens.
 enum class MoeStep {
   swiglu_epilogue,   ///< step 1
   weight_in_down,    ///< step 2
   shared_as_expert,  ///< step 3
+  gather_in_up,      ///< step 4
 };
 
 /// The step moe_layer_after runs.
-inline constexpr MoeStep kMoeAfterStep = MoeStep::shared_as_expert;
+inline constexpr MoeStep kMoeAfterStep = MoeStep::gather_in_up;
 
 /// The benchmark variant name of @p step: "step1_swiglu_epilogue", "step2_weight_in_down",
-/// "step3_shared_as_expert". Throws kc::InvalidArgument for a value that is not a MoeStep.
+/// "step3_shared_as_expert", "step4_gather_in_up". Throws kc::InvalidArgument for a value that is not
+/// a MoeStep.
 const char* to_string(MoeStep step);
 
 /// The layer with the fusions up to @p step (same arguments and rules as moe_layer_before).
@@ -157,8 +162,9 @@ void moe_layer_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, 
                     cudaStream_t stream = nullptr);
 
 /// After: moe_layer_step(kMoeAfterStep, ...). Per launch: the router GEMM, the routing, the shared
-/// slots, the permutation, the row weights, up with SwiGLU, down with the row weights (each grouped
-/// GEMM Chapter 9's dispatch: the swapped kernel for decode sizes, Chapter 8's above) and the combine.
+/// slots, the permutation's index maps, the row weights, up gathering its rows from x with SwiGLU in
+/// its epilogue, down with the row weights (each grouped GEMM Chapter 9's dispatch: the swapped kernel
+/// for decode sizes, Chapter 8's above) and the combine.
 /// @param config the layer
 /// @param tokens T
 /// @param x [T, H] tokens

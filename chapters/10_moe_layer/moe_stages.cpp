@@ -1,8 +1,9 @@
 // The stages every variant of the layer shares: the router and the routing, and the shared experts
 // run dense (moe_stages.hpp). Host code: each is an earlier chapter's launch.
+#include "moe_stages.hpp"
+
 #include "fused_epilogue.hpp"  // Chapter 3: silu_and_mul, add_residual
 #include "hopper_gemm.hpp"     // Chapter 7: the dense GEMMs
-#include "moe_stages.hpp"
 
 namespace kc::ch10::detail {
 
@@ -18,7 +19,8 @@ void route(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
 }
 
 void add_dense_shared_experts(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
-                              const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream) {
+                              const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at,
+                              cudaStream_t stream) {
   const std::int64_t hidden = config.hidden, inter = config.intermediate;
   for (int s = 0; s < config.shared_experts; ++s) {
     const std::int64_t expert = config.experts + s;

@@ -6,6 +6,7 @@
 //   step 2  route · permute · row weights · up (SwiGLU) · down (× weight) · combine_rows · dense shared
 //   step 3  route · shared slots · permute · row weights · up (SwiGLU) · down (× weight) · combine_rows
 //           (the shared experts are experts E .. E + S - 1 of the same grouped launches)
+//   step 4  as step 3, with the permutation's index maps only and up gathering its rows from x
 #include "grouped_gemm.hpp"  // Chapter 5: permute_tokens, unpermute_combine
 #include "kc/check.hpp"
 #include "moe_layer.hpp"
@@ -20,6 +21,7 @@ const char* to_string(MoeStep step) {
     case MoeStep::swiglu_epilogue: return "step1_swiglu_epilogue";
     case MoeStep::weight_in_down: return "step2_weight_in_down";
     case MoeStep::shared_as_expert: return "step3_shared_as_expert";
+    case MoeStep::gather_in_up: return "step4_gather_in_up";
   }
   throw InvalidArgument("step must be a MoeStep");
 }
@@ -31,8 +33,9 @@ void enqueue_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, co
                   std::string_view only) {
   auto stage = [only](std::string_view name) { return only.empty() || only == name; };
   const bool weight_in_down = step != MoeStep::swiglu_epilogue;
-  // Step 3 routes every token to the shared experts too: slots k + S over E + S experts.
-  const int shared = step == MoeStep::shared_as_expert ? config.shared_experts : 0;
+  const bool gather = step == MoeStep::gather_in_up;
+  // Steps 3 and 4 route every token to the shared experts too: slots k + S over E + S experts.
+  const int shared = step == MoeStep::shared_as_expert || gather ? config.shared_experts : 0;
   const int slots = config.k + shared, experts = config.experts + shared;
   const std::int64_t rows = tokens * slots, hidden = config.hidden, inter = config.intermediate;
 
@@ -43,16 +46,21 @@ void enqueue_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, co
       append_shared_slots(tokens, config.k, config.experts, shared, at.ids, at.slot_ids, stream);
       ids = at.slot_ids;
     }
+    // Step 4: the index maps only; up reads the tokens' rows from x itself.
     ch05::permute_tokens({tokens, slots, experts, hidden}, ids, x,
-                         {at.counts, at.offsets, at.row_of_pair, at.token_of_row, at.a}, at.permute_scratch,
-                         at.permute_scratch_bytes, stream);
+                         {at.counts, at.offsets, at.row_of_pair, at.token_of_row, gather ? nullptr : at.a},
+                         at.permute_scratch, at.permute_scratch_bytes, stream);
     // The weight of each permuted row, for the down projection's epilogue.
     if (weight_in_down) {
       scatter_row_weights(tokens, config.k, slots, at.route_weights, at.row_of_pair, at.weight_of_row, stream);
     }
   }
   // Up with SiLU(gate) · up in its epilogue: h [rows, I] straight from the accumulators.
-  if (stage("up")) {
+  if (stage("up") && gather) {
+    ch09::grouped_gemm_decode_gather({rows, 2 * inter, hidden, experts}, {x, tokens, at.token_of_row}, weights.up, at.h,
+                                     at.offsets, {ch08::EpilogueKind::swiglu}, at.grouped_scratch,
+                                     at.grouped_scratch_bytes, stream);
+  } else if (stage("up")) {
     ch09::grouped_gemm_decode({rows, 2 * inter, hidden, experts}, at.a, weights.up, at.h, at.offsets,
                               {ch08::EpilogueKind::swiglu}, at.grouped_scratch, at.grouped_scratch_bytes, stream);
   }

@@ -20,19 +20,19 @@ namespace kc::ch10::detail {
 
 /// The regions of the workspace for one configuration and token count.
 struct MoeWorkspace {
-  __nv_bfloat16* logits = nullptr;       ///< [T, E] router logits
-  float* route_weights = nullptr;        ///< [T, k]
-  std::int32_t* ids = nullptr;           ///< [T, k]
-  std::int32_t* slot_ids = nullptr;      ///< [T, k + S] the ids with the shared experts' slots
-  std::int32_t* counts = nullptr;        ///< [E + S]
-  std::int32_t* offsets = nullptr;       ///< [E + S + 1]
-  std::int32_t* row_of_pair = nullptr;   ///< [T · (k + S)]
-  std::int32_t* token_of_row = nullptr;  ///< [T · (k + S)]
-  float* weight_of_row = nullptr;        ///< [T · (k + S)] the routing weight of each permuted row
-  __nv_bfloat16* a = nullptr;            ///< [T · (k + S), H] the permuted token copies
-  __nv_bfloat16* gate_up = nullptr;      ///< [T · k, 2I] the up projection, before SiLU · up (before only)
-  __nv_bfloat16* h = nullptr;            ///< [T · (k + S), I] SiLU(gate) · up
-  __nv_bfloat16* expert_out = nullptr;   ///< [T · (k + S), H] the down projection
+  __nv_bfloat16* logits = nullptr;          ///< [T, E] router logits
+  float* route_weights = nullptr;           ///< [T, k]
+  std::int32_t* ids = nullptr;              ///< [T, k]
+  std::int32_t* slot_ids = nullptr;         ///< [T, k + S] the ids with the shared experts' slots
+  std::int32_t* counts = nullptr;           ///< [E + S]
+  std::int32_t* offsets = nullptr;          ///< [E + S + 1]
+  std::int32_t* row_of_pair = nullptr;      ///< [T · (k + S)]
+  std::int32_t* token_of_row = nullptr;     ///< [T · (k + S)]
+  float* weight_of_row = nullptr;           ///< [T · (k + S)] the routing weight of each permuted row
+  __nv_bfloat16* a = nullptr;               ///< [T · (k + S), H] the permuted token copies
+  __nv_bfloat16* gate_up = nullptr;         ///< [T · k, 2I] the up projection, before SiLU · up (before only)
+  __nv_bfloat16* h = nullptr;               ///< [T · (k + S), I] SiLU(gate) · up
+  __nv_bfloat16* expert_out = nullptr;      ///< [T · (k + S), H] the down projection
   __nv_bfloat16* shared_gate_up = nullptr;  ///< [T, 2I] a dense shared expert's up projection
   __nv_bfloat16* shared_h = nullptr;        ///< [T, I]
   __nv_bfloat16* shared_out = nullptr;      ///< [T, H]

@@ -49,7 +49,7 @@ void scatter_row_weights(std::int64_t tokens, int k, int slots, const float* rou
   const std::int64_t pairs = tokens * slots;
   if (pairs == 0) return;
   scatter_row_weights_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(route_weights, row_of_pair, pairs, k, slots,
-                                                                          weight_of_row);
+                                                                         weight_of_row);
   check_launch();
 }
 
