@@ -135,7 +135,7 @@ void set_case_counters(benchmark::State& state, const Case& cs, const std::vecto
 using LayerLaunch = std::function<void(const MoeConfig&, std::int64_t, const bf16*, const kc::ch10::MoeWeights&, bf16*,
                                        void*, std::size_t, cudaStream_t)>;
 
-// The stages one variant enqueues: before's, or a step's (after is kMoeAfterStep).
+// The stages one variant enqueues: before's, or after's.
 enum class Breakdown { none, before, after };
 
 // The stage breakdown of before or after: each stage alone (the whole layer has just run, so every
@@ -151,7 +151,7 @@ void time_stages(benchmark::State& state, const Case& cs, Breakdown breakdown, c
   const kc::ch10::MoeWeights weights = layer.weights(c);
   kc::EventTimer timer;
   for (std::string_view name : detail::kStages) {
-    if (breakdown == Breakdown::after && (name == "swiglu" || name == "shared")) continue;
+    if (breakdown == Breakdown::after && (name == "swiglu" || name == "shared")) continue;  // fused away
     if (name == "shared" && c.shared_experts == 0) continue;
     std::vector<double> ms;
     for (int run = 0; run < kStageRuns; ++run) {
@@ -160,7 +160,7 @@ void time_stages(benchmark::State& state, const Case& cs, Breakdown breakdown, c
         if (breakdown == Breakdown::before) {
           detail::enqueue_before(c, cs.tokens, layer.x.data(), weights, y, at, stream, name);
         } else {
-          detail::enqueue_step(kc::ch10::kMoeAfterStep, c, cs.tokens, layer.x.data(), weights, y, at, stream, name);
+          detail::enqueue_fused(detail::after_fusions(), c, cs.tokens, layer.x.data(), weights, y, at, stream, name);
         }
       }));
     }
@@ -282,9 +282,8 @@ void register_benchmarks(const kc::DeviceInfo& device) {
   kc::bench::check_case_labels(labels);
   for (const Case& cs : all) {
     std::vector<std::pair<std::string, LayerLaunch>> layers{{"before", kc::ch10::moe_layer_before}};
-    for (MoeStep step :
-         {MoeStep::swiglu_epilogue, MoeStep::weight_in_down, MoeStep::shared_as_expert, MoeStep::gather_in_up}) {
-      // Step 3 changes nothing for a model without shared experts.
+    for (MoeStep step : kc::ch10::kMoeSteps) {
+      // Step 4 changes nothing for a model without shared experts.
       if (step == MoeStep::shared_as_expert && cs.config.shared_experts == 0) continue;
       layers.emplace_back(
           kc::ch10::to_string(step),

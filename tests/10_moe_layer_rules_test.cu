@@ -10,6 +10,7 @@
 
 #include "kc/test_support.hpp"
 #include "moe_layer.hpp"
+#include "moe_stages.hpp"
 #include "moe_workspace.hpp"
 // Angle brackets: the exercise build tests the skeleton of combine_slots.hpp.
 #include <combine_slots.hpp>
@@ -198,8 +199,7 @@ TEST(MoeRules, StepsCheckTheSameRules) {
   bf16* y = fake<bf16>(0x700000);
   void* ws = fake<void>(0x1000000);
   const std::size_t bytes = kc::ch10::moe_workspace_bytes(c, 5);
-  for (kc::ch10::MoeStep step : {kc::ch10::MoeStep::swiglu_epilogue, kc::ch10::MoeStep::weight_in_down,
-                                 kc::ch10::MoeStep::shared_as_expert, kc::ch10::MoeStep::gather_in_up}) {
+  for (kc::ch10::MoeStep step : kc::ch10::kMoeSteps) {
     expect_invalid_argument([&] { kc::ch10::moe_layer_step(step, c, 5, x, w, y, ws, bytes); },
                             "weights.down must not be null");
   }
@@ -208,11 +208,36 @@ TEST(MoeRules, StepsCheckTheSameRules) {
   expect_invalid_argument(
       [&] { kc::ch10::moe_layer_step(static_cast<kc::ch10::MoeStep>(7), c, 5, x, w, y, ws, bytes); },
       "step must be a MoeStep");
-  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::swiglu_epilogue), "step1_swiglu_epilogue");
-  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::weight_in_down), "step2_weight_in_down");
-  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::shared_as_expert), "step3_shared_as_expert");
-  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::gather_in_up), "step4_gather_in_up");
-  EXPECT_EQ(kc::ch10::kMoeAfterStep, kc::ch10::MoeStep::gather_in_up);
+  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::row_parallel_copy), "step1_row_parallel_copy");
+  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::swiglu_epilogue), "step2_swiglu_epilogue");
+  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::weight_in_down), "step3_weight_in_down");
+  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::shared_as_expert), "step4_shared_as_expert");
+  EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::gather_in_up), "step5_gather_in_up");
+}
+
+// Each step adds its fusion to the ones before; after is step 4 with the gather where the swapped
+// kernel runs, which at DeepSeek-V3's sizes is T <= 1827 (T · 9 rows over 257 experts: at most 64 per
+// expert on average).
+TEST(MoeRules, StepsAndAfterFusions) {
+  using kc::ch10::detail::Gather;
+  const auto f1 = kc::ch10::detail::fusions_of(kc::ch10::MoeStep::row_parallel_copy);
+  EXPECT_FALSE(f1.swiglu_epilogue || f1.weight_in_down || f1.shared_as_expert);
+  EXPECT_EQ(f1.gather, Gather::never);
+  const auto f4 = kc::ch10::detail::fusions_of(kc::ch10::MoeStep::shared_as_expert);
+  EXPECT_TRUE(f4.swiglu_epilogue && f4.weight_in_down && f4.shared_as_expert);
+  EXPECT_EQ(f4.gather, Gather::never);
+  EXPECT_EQ(kc::ch10::detail::fusions_of(kc::ch10::MoeStep::gather_in_up).gather, Gather::always);
+  const auto after = kc::ch10::detail::after_fusions();
+  EXPECT_TRUE(after.swiglu_epilogue && after.weight_in_down && after.shared_as_expert);
+  EXPECT_EQ(after.gather, Gather::where_swapped);
+  const MoeConfig d = kc::ch10::deepseek_v3();
+  EXPECT_TRUE(kc::ch10::moe_up_is_swapped(d, 1));
+  EXPECT_TRUE(kc::ch10::moe_up_is_swapped(d, 1827));  // 16443 rows / 257 experts = 63.98
+  EXPECT_FALSE(kc::ch10::moe_up_is_swapped(d, 1828));
+  EXPECT_FALSE(kc::ch10::moe_up_is_swapped(d, 4096));
+  const MoeConfig m = kc::ch10::mixtral_8x7b();
+  EXPECT_TRUE(kc::ch10::moe_up_is_swapped(m, 256));  // 512 rows over 8 experts: 64
+  EXPECT_FALSE(kc::ch10::moe_up_is_swapped(m, 257));
 }
 
 TEST(MoeCombine, RulesNameTheArgument) {

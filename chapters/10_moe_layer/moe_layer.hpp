@@ -122,30 +122,43 @@ void moe_layer_before(const MoeConfig& config, std::int64_t tokens, const __nv_b
 // --------------------------------------------------------------------------------- the steps, after
 
 /// The fusions of the chapter, each a step on the one before:
-///   1. swiglu_epilogue:  SiLU(gate) · up in the up projection's epilogue (Chapter 8's swiglu): the
+///   1. row_parallel_copy: the permutation writes its index maps only, and the token copies are one
+///                        row-parallel kernel (copy_token_rows): every SM copies, not one warp per
+///                        256 pairs.
+///   2. swiglu_epilogue:  SiLU(gate) · up in the up projection's epilogue (Chapter 8's swiglu): the
 ///                        [rows, 2I] intermediate and the elementwise pass are gone.
-///   2. weight_in_down:   the routing weight applied in the down projection's epilogue (row_scale, one
+///   3. weight_in_down:   the routing weight applied in the down projection's epilogue (row_scale, one
 ///                        weight per permuted row), and the combine an unweighted sum (combine_rows).
-///   3. shared_as_expert: the shared experts as experts E .. E + S - 1 of the grouped GEMMs, every
+///   4. shared_as_expert: the shared experts as experts E .. E + S - 1 of the grouped GEMMs, every
 ///                        token routed to them with weight 1: their tiles run in the same launches as
 ///                        the routed experts', and the combine adds them (no dense GEMMs, no extra add).
-///   4. gather_in_up:     the up projection loads its token rows from x through the permutation's
-///                        token_of_row (one-row TMA boxes): the permutation writes its index maps only,
-///                        no [rows, H] copy of the tokens.
+///   5. gather_in_up:     the up projection loads its token rows from x through the permutation's
+///                        token_of_row (one-row TMA boxes), in both of Chapter 9's dispatch's kernels:
+///                        no copies at all.
+/// `after` is step 4 with step 5's gather where it pays: in Chapter 9's swapped kernel (decode sizes),
+/// not in Chapter 8's, whose 128 one-row boxes per K slice outnumber what its TMA issues otherwise.
 enum class MoeStep {
-  swiglu_epilogue,   ///< step 1
-  weight_in_down,    ///< step 2
-  shared_as_expert,  ///< step 3
-  gather_in_up,      ///< step 4
+  row_parallel_copy,  ///< step 1
+  swiglu_epilogue,    ///< step 2
+  weight_in_down,     ///< step 3
+  shared_as_expert,   ///< step 4
+  gather_in_up,       ///< step 5
 };
 
-/// The step moe_layer_after runs.
-inline constexpr MoeStep kMoeAfterStep = MoeStep::gather_in_up;
+/// Every step, in order.
+inline constexpr MoeStep kMoeSteps[] = {MoeStep::row_parallel_copy, MoeStep::swiglu_epilogue, MoeStep::weight_in_down,
+                                        MoeStep::shared_as_expert, MoeStep::gather_in_up};
 
-/// The benchmark variant name of @p step: "step1_swiglu_epilogue", "step2_weight_in_down",
-/// "step3_shared_as_expert", "step4_gather_in_up". Throws kc::InvalidArgument for a value that is not
-/// a MoeStep.
+/// The benchmark variant name of @p step: "step1_row_parallel_copy", "step2_swiglu_epilogue",
+/// "step3_weight_in_down", "step4_shared_as_expert", "step5_gather_in_up". Throws kc::InvalidArgument
+/// for a value that is not a MoeStep.
 const char* to_string(MoeStep step);
+
+/// True when the up projection of a layer of @p tokens tokens runs Chapter 9's swapped kernel (its
+/// dispatch on T · (k + S) rows over E + S experts): where `after` gathers the token rows.
+/// @param config the layer
+/// @param tokens T
+bool moe_up_is_swapped(const MoeConfig& config, std::int64_t tokens);
 
 /// The layer with the fusions up to @p step (same arguments and rules as moe_layer_before).
 /// @param step the step
@@ -161,10 +174,11 @@ void moe_layer_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, 
                     const MoeWeights& weights, __nv_bfloat16* y, void* workspace, std::size_t workspace_bytes,
                     cudaStream_t stream = nullptr);
 
-/// After: moe_layer_step(kMoeAfterStep, ...). Per launch: the router GEMM, the routing, the shared
-/// slots, the permutation's index maps, the row weights, up gathering its rows from x with SwiGLU in
-/// its epilogue, down with the row weights (each grouped GEMM Chapter 9's dispatch: the swapped kernel
-/// for decode sizes, Chapter 8's above) and the combine.
+/// After: every fusion where it pays. Per launch: the router GEMM, the routing, the shared slots, the
+/// permutation's index maps and the row weights, the token copies where the up projection runs
+/// Chapter 8's kernel (moe_up_is_swapped false), up with SwiGLU in its epilogue (gathering its token
+/// rows from x in Chapter 9's swapped kernel), down with the row weights (each grouped GEMM Chapter 9's
+/// dispatch) and the combine.
 /// @param config the layer
 /// @param tokens T
 /// @param x [T, H] tokens

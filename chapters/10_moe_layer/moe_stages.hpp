@@ -28,10 +28,32 @@ inline constexpr std::array<std::string_view, 8> kStages{"router", "routing", "p
 void enqueue_before(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
                     __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream, std::string_view only = {});
 
-/// moe_layer_step's launches for @p step, after its validation: all of them, or only stage @p only's.
-void enqueue_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
-                  const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream,
-                  std::string_view only = {});
+/// Where the up projection gathers its token rows from x instead of reading a permuted copy.
+enum class Gather {
+  never,          ///< steps 1 to 4: the copies, row-parallel
+  always,         ///< step 5
+  where_swapped,  ///< after: in Chapter 9's swapped kernel only (moe_up_is_swapped)
+};
+
+/// The fusions a variant of the layer runs (moe_layer.hpp's MoeStep describes each).
+struct Fusions {
+  bool swiglu_epilogue = false;   ///< SiLU · up in up's epilogue
+  bool weight_in_down = false;    ///< the routing weight in down's epilogue, combine_rows
+  bool shared_as_expert = false;  ///< the shared experts routed as experts E ..
+  Gather gather = Gather::never;  ///< where up gathers its rows
+};
+
+/// The fusions of @p step: its own and every earlier step's.
+Fusions fusions_of(MoeStep step);
+
+/// The fusions of `after`: step 4's, and step 5's gather where the swapped kernel runs.
+Fusions after_fusions();
+
+/// The launches of the fused layer, after the layer's validation: all of them, or only stage
+/// @p only's.
+void enqueue_fused(const Fusions& fusions, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
+                   const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream,
+                   std::string_view only = {});
 
 /// The router GEMM (Chapter 7: logits [T, E] = x · routerᵀ, bf16) and the routing on those logits
 /// (Chapter 4: at.route_weights and at.ids, [T, k]); only one of the two when @p only names it.
@@ -46,6 +68,12 @@ void add_dense_shared_experts(const MoeConfig& config, std::int64_t tokens, cons
 /// slot_ids [T, k + S]: token t's k routed ids, then the shared experts E .. E + S - 1.
 void append_shared_slots(std::int64_t tokens, int k, int experts, int shared, const std::int32_t* ids,
                          std::int32_t* slot_ids, cudaStream_t stream);
+
+/// a[r] = x[token_of_row[r]] for every row r below offsets_end[0] (the permutation's offsets[E], read on
+/// the device), at most @p max_rows: a grid-stride loop over 16-byte pieces of rows, all SMs at once.
+void copy_token_rows(std::int64_t max_rows, std::int64_t hidden, const __nv_bfloat16* x,
+                     const std::int32_t* token_of_row, const std::int32_t* offsets_end, __nv_bfloat16* a,
+                     cudaStream_t stream);
 
 /// weight_of_row[row_of_pair[t · slots + j]] = the weight of token t's slot j: route_weights[t · k + j]
 /// for j < k, 1 for a shared slot (j >= k); pairs with row_of_pair < 0 write nothing.

@@ -1,13 +1,19 @@
 // The fused steps of the layer and `after` (moe_layer.hpp, MoeStep). Host code: each step changes
 // which launches run, not what they compute.
 //
-//   before  route · permute · up (plain) · SiLU · up · down (plain) · weighted combine · dense shared
-//   step 1  route · permute · up (SwiGLU) ·            down (plain) · weighted combine · dense shared
-//   step 2  route · permute · row weights · up (SwiGLU) · down (× weight) · combine_rows · dense shared
-//   step 3  route · shared slots · permute · row weights · up (SwiGLU) · down (× weight) · combine_rows
-//           (the shared experts are experts E .. E + S - 1 of the same grouped launches)
-//   step 4  as step 3, with the permutation's index maps only and up gathering its rows from x
-#include "grouped_gemm.hpp"  // Chapter 5: permute_tokens, unpermute_combine
+//   before  route · permute (maps, copies) · up (plain) · SiLU · up · down (plain) · weighted combine ·
+//           dense shared
+//   step 1  route · permute (maps) · row-parallel copies · up (plain) · SiLU · up · down (plain) ·
+//           weighted combine · dense shared
+//   step 2  as step 1, up with SwiGLU in its epilogue, no SiLU · up pass
+//   step 3  as step 2, row weights · down (× weight) · combine_rows (unweighted)
+//   step 4  as step 3, shared slots before the permutation: the shared experts are experts
+//           E .. E + S - 1 of the same grouped launches, no dense shared expert
+//   step 5  as step 4, no copies: up gathers its rows from x
+//   after   step 4, with step 5's gather where up runs the swapped kernel
+#include "dispatch.hpp"        // Chapter 9: decode_choice
+#include "fused_epilogue.hpp"  // Chapter 3: silu_and_mul
+#include "grouped_gemm.hpp"    // Chapter 5: permute_tokens, unpermute_combine
 #include "kc/check.hpp"
 #include "moe_layer.hpp"
 #include "moe_stages.hpp"
@@ -18,26 +24,49 @@ namespace kc::ch10 {
 
 const char* to_string(MoeStep step) {
   switch (step) {
-    case MoeStep::swiglu_epilogue: return "step1_swiglu_epilogue";
-    case MoeStep::weight_in_down: return "step2_weight_in_down";
-    case MoeStep::shared_as_expert: return "step3_shared_as_expert";
-    case MoeStep::gather_in_up: return "step4_gather_in_up";
+    case MoeStep::row_parallel_copy: return "step1_row_parallel_copy";
+    case MoeStep::swiglu_epilogue: return "step2_swiglu_epilogue";
+    case MoeStep::weight_in_down: return "step3_weight_in_down";
+    case MoeStep::shared_as_expert: return "step4_shared_as_expert";
+    case MoeStep::gather_in_up: return "step5_gather_in_up";
   }
   throw InvalidArgument("step must be a MoeStep");
 }
 
+bool moe_up_is_swapped(const MoeConfig& config, std::int64_t tokens) {
+  const int s = config.shared_experts;
+  return ch09::decode_choice(tokens * (config.k + s), config.experts + s).swapped;
+}
+
 namespace detail {
 
-void enqueue_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
-                  const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream,
-                  std::string_view only) {
+Fusions fusions_of(MoeStep step) {
+  (void)to_string(step);  // a value that is no step is refused
+  const auto n = static_cast<int>(step);
+  Fusions f;
+  f.swiglu_epilogue = n >= static_cast<int>(MoeStep::swiglu_epilogue);
+  f.weight_in_down = n >= static_cast<int>(MoeStep::weight_in_down);
+  f.shared_as_expert = n >= static_cast<int>(MoeStep::shared_as_expert);
+  f.gather = step == MoeStep::gather_in_up ? Gather::always : Gather::never;
+  return f;
+}
+
+Fusions after_fusions() {
+  Fusions f = fusions_of(MoeStep::shared_as_expert);
+  f.gather = Gather::where_swapped;
+  return f;
+}
+
+void enqueue_fused(const Fusions& fusions, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
+                   const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream,
+                   std::string_view only) {
   auto stage = [only](std::string_view name) { return only.empty() || only == name; };
-  const bool weight_in_down = step != MoeStep::swiglu_epilogue;
-  const bool gather = step == MoeStep::gather_in_up;
-  // Steps 3 and 4 route every token to the shared experts too: slots k + S over E + S experts.
-  const int shared = step == MoeStep::shared_as_expert || gather ? config.shared_experts : 0;
+  // The shared experts as experts E .. E + S - 1: slots k + S over E + S experts.
+  const int shared = fusions.shared_as_expert ? config.shared_experts : 0;
   const int slots = config.k + shared, experts = config.experts + shared;
   const std::int64_t rows = tokens * slots, hidden = config.hidden, inter = config.intermediate;
+  const bool gather = fusions.gather == Gather::always ||
+                      (fusions.gather == Gather::where_swapped && ch09::decode_choice(rows, experts).swapped);
 
   if (stage("router") || stage("routing")) route(config, tokens, x, weights, at, stream, only);
   if (stage("permute")) {
@@ -46,38 +75,43 @@ void enqueue_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, co
       append_shared_slots(tokens, config.k, config.experts, shared, at.ids, at.slot_ids, stream);
       ids = at.slot_ids;
     }
-    // Step 4: the index maps only; up reads the tokens' rows from x itself.
+    // The index maps; then the copies, row-parallel, unless up gathers the rows from x itself.
     ch05::permute_tokens({tokens, slots, experts, hidden}, ids, x,
-                         {at.counts, at.offsets, at.row_of_pair, at.token_of_row, gather ? nullptr : at.a},
-                         at.permute_scratch, at.permute_scratch_bytes, stream);
+                         {at.counts, at.offsets, at.row_of_pair, at.token_of_row, nullptr}, at.permute_scratch,
+                         at.permute_scratch_bytes, stream);
+    if (!gather) copy_token_rows(rows, hidden, x, at.token_of_row, at.offsets + experts, at.a, stream);
     // The weight of each permuted row, for the down projection's epilogue.
-    if (weight_in_down) {
+    if (fusions.weight_in_down) {
       scatter_row_weights(tokens, config.k, slots, at.route_weights, at.row_of_pair, at.weight_of_row, stream);
     }
   }
-  // Up with SiLU(gate) · up in its epilogue: h [rows, I] straight from the accumulators.
-  if (stage("up") && gather) {
-    ch09::grouped_gemm_decode_gather({rows, 2 * inter, hidden, experts}, {x, tokens, at.token_of_row}, weights.up, at.h,
-                                     at.offsets, {ch08::EpilogueKind::swiglu}, at.grouped_scratch,
-                                     at.grouped_scratch_bytes, stream);
-  } else if (stage("up")) {
-    ch09::grouped_gemm_decode({rows, 2 * inter, hidden, experts}, at.a, weights.up, at.h, at.offsets,
-                              {ch08::EpilogueKind::swiglu}, at.grouped_scratch, at.grouped_scratch_bytes, stream);
+  if (stage("up")) {
+    // Up: SiLU(gate) · up in the epilogue straight into h [rows, I], or the plain [rows, 2I] first.
+    const ch08::GroupedEpilogue epilogue{fusions.swiglu_epilogue ? ch08::EpilogueKind::swiglu
+                                                                 : ch08::EpilogueKind::plain};
+    __nv_bfloat16* up_out = fusions.swiglu_epilogue ? at.h : at.gate_up;
+    if (gather) {
+      ch09::grouped_gemm_decode_gather({rows, 2 * inter, hidden, experts}, {x, tokens, at.token_of_row}, weights.up,
+                                       up_out, at.offsets, epilogue, at.grouped_scratch, at.grouped_scratch_bytes,
+                                       stream);
+    } else {
+      ch09::grouped_gemm_decode({rows, 2 * inter, hidden, experts}, at.a, weights.up, up_out, at.offsets, epilogue,
+                                at.grouped_scratch, at.grouped_scratch_bytes, stream);
+    }
   }
-  if (weight_in_down) {
-    // Down with each row's routing weight in its epilogue, then the plain sum of each token's rows.
-    if (stage("down")) {
-      ch09::grouped_gemm_decode({rows, hidden, inter, experts}, at.h, weights.down, at.expert_out, at.offsets,
-                                {ch08::EpilogueKind::row_scale, at.weight_of_row}, at.grouped_scratch,
-                                at.grouped_scratch_bytes, stream);
-    }
-    if (stage("combine")) combine_rows(tokens, slots, hidden, at.expert_out, at.row_of_pair, y, stream);
-  } else {
-    if (stage("down")) {
-      ch09::grouped_gemm_decode({rows, hidden, inter, experts}, at.h, weights.down, at.expert_out, at.offsets,
-                                {ch08::EpilogueKind::plain}, at.grouped_scratch, at.grouped_scratch_bytes, stream);
-    }
-    if (stage("combine")) {
+  if (!fusions.swiglu_epilogue && stage("swiglu")) ch03::silu_and_mul(at.gate_up, at.h, rows, inter, stream);
+  if (stage("down")) {
+    // Down, with each row's routing weight in its epilogue when the combine is a plain sum.
+    const ch08::GroupedEpilogue epilogue = fusions.weight_in_down
+                                               ? ch08::GroupedEpilogue{ch08::EpilogueKind::row_scale, at.weight_of_row}
+                                               : ch08::GroupedEpilogue{ch08::EpilogueKind::plain};
+    ch09::grouped_gemm_decode({rows, hidden, inter, experts}, at.h, weights.down, at.expert_out, at.offsets, epilogue,
+                              at.grouped_scratch, at.grouped_scratch_bytes, stream);
+  }
+  if (stage("combine")) {
+    if (fusions.weight_in_down) {
+      combine_rows(tokens, slots, hidden, at.expert_out, at.row_of_pair, y, stream);
+    } else {
       ch05::unpermute_combine(tokens, config.k, hidden, at.expert_out, at.route_weights, at.row_of_pair, y, stream);
     }
   }
@@ -89,15 +123,19 @@ void enqueue_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, co
 void moe_layer_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x,
                     const MoeWeights& weights, __nv_bfloat16* y, void* workspace, std::size_t workspace_bytes,
                     cudaStream_t stream) {
-  (void)to_string(step);  // a value that is no step is refused before anything runs
+  const detail::Fusions fusions = detail::fusions_of(step);  // refuses a value that is no step
   validate_moe_layer(config, tokens, x, weights, y, workspace, workspace_bytes);
   if (tokens == 0) return;
-  detail::enqueue_step(step, config, tokens, x, weights, y, detail::MoeWorkspace(config, tokens, workspace), stream);
+  detail::enqueue_fused(fusions, config, tokens, x, weights, y, detail::MoeWorkspace(config, tokens, workspace),
+                        stream);
 }
 
 void moe_layer_after(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
                      __nv_bfloat16* y, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  moe_layer_step(kMoeAfterStep, config, tokens, x, weights, y, workspace, workspace_bytes, stream);
+  validate_moe_layer(config, tokens, x, weights, y, workspace, workspace_bytes);
+  if (tokens == 0) return;
+  detail::enqueue_fused(detail::after_fusions(), config, tokens, x, weights, y,
+                        detail::MoeWorkspace(config, tokens, workspace), stream);
 }
 
 }  // namespace kc::ch10
