@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU run, in one call of the device tool: configure and build on the GPU machine, the
-# chapters' tests (in parallel; tests named *Timing* run alone), compute-sanitizer (memcheck,
+# chapters' tests (in parallel; tests named *Timing* run alone), Chapter 10's layer against PyTorch's
+# module (tools/ch10_check_pytorch.py), compute-sanitizer (memcheck,
 # racecheck, synccheck) on small cases, each chapter's untouched exercise skeleton (it must fail the
 # chapter's tests), the benchmarks to JSON, the PyTorch baselines, Nsight Compute profiles of the
 # lessons' cases, then the generated tables and plots.
@@ -129,6 +130,17 @@ if [ "$tests" = 1 ]; then
     note "$ch" "" "## Tests (ctest -L $ch -j $jobs): $(($(date +%s) - t0)) s wall" "$(ctest_summary "$logs/ctest_$ch.log")"
     echo "$ch: $(grep -E 'tests passed' "$logs/ctest_$ch.log")"
   done
+fi
+
+# Chapter 10's layer against PyTorch's module on the same tensors (CI has no PyTorch: it runs here).
+if [ "$tests" = 1 ] && [ "$pytorch" = 1 ] && [[ " ${chapters[*]} " == *" ch10 "* ]]; then
+  step "Chapter 10 against PyTorch's module (tools/ch10_check_pytorch.py)"
+  t0=$(date +%s)
+  { cmake --build "$build" --target kc_ch10_capi -j "$(nproc)" >>"$logs/build.log" 2>&1 &&
+    python3 tools/ch10_check_pytorch.py --lib "$build/lib/libkc_ch10_capi.so" >"$logs/ch10_vs_pytorch.log" 2>&1; } ||
+    fail ch10 "ch10 against PyTorch"
+  note ch10 "" "## The layer against PyTorch's module (tools/ch10_check_pytorch.py): $(($(date +%s) - t0)) s" \
+    "$(cat "$logs/ch10_vs_pytorch.log" 2>/dev/null)"
 fi
 
 if [ "$sanitize" = 1 ]; then

@@ -1077,10 +1077,10 @@ def _bmm_baseline(env: Env, chapter: str, cases: Sequence[Any], sizes_of: Dict[s
 
 # Chapter 10's configurations (chapters/10_moe_layer/moe_config.cpp): name -> hidden H, intermediate I,
 # experts E, top-k, routing ("softmax" renormalised, or "dsv3": grouped sigmoid routing with n_group,
-# topk_group and the scaling factor), shared expert intermediate (0: none).
+# topk_group and the scaling factor), shared experts S (each of a routed expert's size; 0: none).
 CH10_CONFIGS = {
     "dsv3": {"hidden": 7168, "intermediate": 2048, "experts": 256, "k": 8, "routing": "dsv3", "n_group": 8,
-             "topk_group": 4, "scale": 2.5, "shared": 2048},
+             "topk_group": 4, "scale": 2.5, "shared": 1},
     "mixtral": {"hidden": 4096, "intermediate": 14336, "experts": 8, "k": 2, "routing": "softmax", "shared": 0},
     "qwen3_30b_a3b": {"hidden": 2048, "intermediate": 768, "experts": 128, "k": 8, "routing": "softmax",
                       "shared": 0},
@@ -1095,32 +1095,31 @@ def ch10_case_label(model: str, tokens: int) -> str:
 
 def ch10_min_bytes(config: Dict[str, Any], tokens: int, counts: Sequence[int]) -> float:
     """moe_min_bytes: x and y once, the router (and DeepSeek-V3's fp32 correction bias), the shared
-    expert and every routed expert with a token, in bf16."""
+    experts and every routed expert with a token, in bf16."""
     h, i, e = config["hidden"], config["intermediate"], config["experts"]
     active = sum(1 for c in counts if c > 0)
-    elements = 2 * tokens * h + e * h + 3 * config["shared"] * h + active * 3 * i * h
+    elements = 2 * tokens * h + e * h + (config["shared"] + active) * 3 * i * h
     return 2.0 * elements + (4.0 * e if config["routing"] == "dsv3" else 0.0)
 
 
 def ch10_flops(config: Dict[str, Any], tokens: int) -> float:
-    """moe_flops: the router, T · k rows through the routed MLPs, T rows through the shared one."""
+    """moe_flops: the router, T · k rows through the routed MLPs, T · S through the shared ones."""
     h, i = config["hidden"], config["intermediate"]
-    return (2.0 * tokens * h * config["experts"] + 2.0 * tokens * config["k"] * 3 * i * h
-            + 2.0 * tokens * 3 * config["shared"] * h)
+    return 2.0 * tokens * h * config["experts"] + 2.0 * tokens * (config["k"] + config["shared"]) * 3 * i * h
 
 
 def _ch10_layer(env: Env, config: Dict[str, Any], tokens: int, generator: Any) -> Dict[str, Any]:
     """The layer's tensors, filled as bench/10_moe_layer_bench.cu fills its own: x uniform in [-1, 1],
-    weights uniform and scaled by 1 / sqrt(fan-in), the correction bias in ±0.1."""
+    weights uniform and scaled by 1 / sqrt(fan-in), the correction bias in ±0.1. Laid out as the C++
+    layer's (moe_layer.hpp): "up" [E + S, 2I, H] and "down" [E + S, H, I], the S shared experts after
+    the E routed ones."""
     torch = env.torch
     h, i, e, s = config["hidden"], config["intermediate"], config["experts"], config["shared"]
 
     def uniform(shape: Tuple[int, ...], bound: float, dtype: Any = torch.bfloat16) -> Any:
         return torch.empty(shape, device=env.device, dtype=dtype).uniform_(-bound, bound, generator=generator)
     return {"x": uniform((tokens, h), 1.0), "router": uniform((e, h), 2.0 / h ** 0.5),
-            "up": uniform((e, 2 * i, h), 1.0 / h ** 0.5), "down": uniform((e, h, i), 1.0 / i ** 0.5),
-            "shared_up": uniform((2 * s, h), 1.0 / h ** 0.5) if s else None,
-            "shared_down": uniform((h, s), 1.0 / s ** 0.5) if s else None,
+            "up": uniform((e + s, 2 * i, h), 1.0 / h ** 0.5), "down": uniform((e + s, h, i), 1.0 / i ** 0.5),
             "bias": uniform((e,), 0.1, torch.float32)}
 
 
@@ -1148,10 +1147,14 @@ def _ch10_routing(torch: Any, config: Dict[str, Any], layer: Dict[str, Any], log
 
 
 def _ch10_shared(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> Any:
-    """The shared expert: every token through one dense SwiGLU MLP."""
-    s = config["shared"]
-    gate_up = layer["x"] @ layer["shared_up"].t()
-    return (torch.nn.functional.silu(gate_up[:, :s]) * gate_up[:, s:]) @ layer["shared_down"].t()
+    """The shared experts: every token through each one's dense SwiGLU MLP, summed."""
+    i, e = config["intermediate"], config["experts"]
+    out = None
+    for s in range(config["shared"]):
+        gate_up = layer["x"] @ layer["up"][e + s].t()
+        y = (torch.nn.functional.silu(gate_up[:, :i]) * gate_up[:, i:]) @ layer["down"][e + s].t()
+        out = y if out is None else out + y
+    return out
 
 
 # The grouped module's stages, named as the C++ layer's (chapters/10_moe_layer/moe_stages.hpp): each
@@ -1178,13 +1181,13 @@ def _ch10_stages(torch: Any, config: Dict[str, Any], layer: Dict[str, Any]) -> L
         st["a"] = x.index_select(0, st["token_of_row"])
 
     def up(st: Dict[str, Any]) -> None:
-        st["gate_up"] = torch._grouped_mm(st["a"], layer["up"].transpose(-2, -1), offs=st["ends"])
+        st["gate_up"] = torch._grouped_mm(st["a"], layer["up"][:e].transpose(-2, -1), offs=st["ends"])
 
     def swiglu(st: Dict[str, Any]) -> None:
         st["h"] = torch.nn.functional.silu(st["gate_up"][:, :i]) * st["gate_up"][:, i:]
 
     def down(st: Dict[str, Any]) -> None:
-        st["out"] = torch._grouped_mm(st["h"], layer["down"].transpose(-2, -1), offs=st["ends"])
+        st["out"] = torch._grouped_mm(st["h"], layer["down"][:e].transpose(-2, -1), offs=st["ends"])
 
     def combine(st: Dict[str, Any]) -> None:
         out = st["out"] * st["weights"].reshape(-1)[st["order"]].unsqueeze(1).to(st["out"].dtype)

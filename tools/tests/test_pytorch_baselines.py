@@ -192,11 +192,11 @@ class Ch10NumbersTest(unittest.TestCase):
                 self.assertFalse(a != b and b.startswith(a), (a, b))
 
     def test_bytes_and_flops_worked_by_hand(self):
-        tiny = {"hidden": 64, "intermediate": 32, "experts": 8, "k": 2, "routing": "softmax", "shared": 16}
+        tiny = {"hidden": 64, "intermediate": 32, "experts": 8, "k": 2, "routing": "softmax", "shared": 1}
         counts = [4, 0, 0, 0, 0, 2, 0, 0]
-        elements = 2 * 3 * 64 + 8 * 64 + 3 * 16 * 64 + 2 * (3 * 32 * 64)
+        elements = 2 * 3 * 64 + 8 * 64 + 3 * (3 * 32 * 64)  # x, y, router, 2 routed + 1 shared expert
         self.assertEqual(pb.ch10_min_bytes(tiny, 3, counts), 2.0 * elements)
-        self.assertEqual(pb.ch10_flops(tiny, 3), 2.0 * 3 * 64 * 8 + 2.0 * 3 * 2 * 3 * 32 * 64 + 2.0 * 3 * 3 * 16 * 64)
+        self.assertEqual(pb.ch10_flops(tiny, 3), 2.0 * 3 * 64 * 8 + 2.0 * 3 * 2 * 3 * 32 * 64 + 2.0 * 3 * 3 * 32 * 64)
         dsv3 = pb.CH10_CONFIGS["dsv3"]
         self.assertAlmostEqual(pb.ch10_min_bytes(dsv3, 4096, [1] * 256) / 1e9, 22.7, delta=0.1)
 
