@@ -64,8 +64,8 @@ int kc_ch10_layer(const char* model, const char* variant, long long tokens, cons
     }
     if (ids_out != nullptr && tokens > 0) {
       const kc::ch10::MoeRoutingView view = kc::ch10::moe_routing_in(c, tokens, workspace);
-      kc::check(cudaMemcpyAsync(ids_out, view.ids, static_cast<std::size_t>(tokens * c.k) * 4,
-                                cudaMemcpyDeviceToDevice));
+      kc::check(
+          cudaMemcpyAsync(ids_out, view.ids, static_cast<std::size_t>(tokens * c.k) * 4, cudaMemcpyDeviceToDevice));
     }
     kc::check(cudaDeviceSynchronize());
     return 0;
