@@ -353,6 +353,9 @@ struct HopperGroupedRules : ::testing::Test {
   GroupedEpilogue epilogue{};
   std::size_t bytes = kc::ch08::grouped_gemm_hopper_workspace_bytes(shape);
   void validate(GroupedStep step = kc::ch08::kAfterStep) const { validate_with(shape, m.c, m.workspace, step); }
+  void validate_with_a(const bf16* a) const {
+    kc::ch08::validate_grouped_gemm_hopper(shape, a, m.w, m.c, m.offsets, epilogue, m.workspace, bytes);
+  }
   void validate_with(const GroupedGemmShape& s, const bf16* c, const void* workspace,
                      GroupedStep step = kc::ch08::kAfterStep) const {
     kc::ch08::validate_grouped_gemm_hopper(s, m.a, m.w, c, m.offsets, epilogue, workspace, bytes, step);
@@ -532,11 +535,18 @@ TEST_F(HopperGroupedRules, GatheredA) {
         kc::ch08::validate_gathered_a(shape, {m.a, 8, odd}, m.c, 16);
       },
       "a.rows must be 4-byte aligned");
+  // x is a.x_rows rows, not M_total: one row (16 bytes) just before C is clear of it, while four rows
+  // there would overlap C. The launch passes a.x_rows to Chapter 8's overlap rules.
+  const bf16* x_before_c = m.w + (sizeof m.w / sizeof(bf16)) - 8;  // W's last 16 bytes, right before C
+  EXPECT_NO_THROW(kc::ch08::validate_grouped_gemm_hopper(shape, x_before_c, m.w, m.c, m.offsets, epilogue, m.workspace,
+                                                         bytes, kc::ch08::kAfterStep, 1));
+  expect_invalid_argument([&] { validate_with_a(x_before_c); }, "c must not overlap a");
   expect_invalid_argument(
       [&] {
-        kc::ch08::validate_gathered_a(shape, {m.c + 8, 8, m.offsets}, m.c, 16);
+        kc::ch08::grouped_gemm_hopper_gather(shape, {m.c + 8, 8, m.offsets}, m.w, m.c, m.offsets, epilogue, m.workspace,
+                                             bytes);
       },
-      "c must not overlap a.x");
+      "c must not overlap a");
   expect_invalid_argument(
       [&] {
         kc::ch08::validate_gathered_a(shape, {m.a, 8, reinterpret_cast<const std::int32_t*>(m.c + 60)}, m.c, 16);

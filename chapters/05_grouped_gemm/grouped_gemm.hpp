@@ -84,9 +84,12 @@ inline constexpr int kBlockN = 128;
 
 /// Checks the rules at the top of this file; throws kc::InvalidArgument naming the first broken
 /// one, e.g. "shape.experts (0) must be in [1, 1024]". Host-only. @p c_columns is C's width for the
-/// overlap checks when it is not N (an epilogue that narrows C); 0 means N.
+/// overlap checks when it is not N (an epilogue that narrows C); 0 means N. @p a_rows is the rows of
+/// the matrix at @p a for the overlap checks when it is not M_total (a kernel that gathers A's rows
+/// from another matrix through an index); -1 means M_total.
 void validate_grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                           const __nv_bfloat16* c, const std::int32_t* offsets, std::int64_t c_columns = 0);
+                           const __nv_bfloat16* c, const std::int32_t* offsets, std::int64_t c_columns = 0,
+                           std::int64_t a_rows = -1);
 
 /// Checks what grouped_gemm() needs beyond validate_grouped_gemm(): options.order a TileOrder,
 /// options.group_m >= 1, options.tile a GroupedTile, and a workspace of at least

@@ -36,7 +36,8 @@ std::int64_t tiles_n_of(std::int64_t n) { return (n + kBlockN - 1) / kBlockN; }
 }  // namespace
 
 void validate_grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                           const __nv_bfloat16* c, const std::int32_t* offsets, std::int64_t c_columns) {
+                           const __nv_bfloat16* c, const std::int32_t* offsets, std::int64_t c_columns,
+                           std::int64_t a_rows) {
   check_range("shape.m_total", shape.m_total, 0);
   check_range("shape.n", shape.n, 1);
   check_range("shape.k", shape.k, 1);
@@ -65,7 +66,8 @@ void validate_grouped_gemm(const GroupedGemmShape& shape, const __nv_bfloat16* a
   const auto k = static_cast<std::uint64_t>(shape.k);
   const auto e = static_cast<std::uint64_t>(shape.experts);
   const std::uint64_t c_bytes = m * (c_columns > 0 ? static_cast<std::uint64_t>(c_columns) : n) * 2;
-  if (kc::overlaps(c, c_bytes, a, m * k * 2)) throw InvalidArgument("c must not overlap a");
+  const std::uint64_t a_bytes = (a_rows >= 0 ? static_cast<std::uint64_t>(a_rows) : m) * k * 2;
+  if (kc::overlaps(c, c_bytes, a, a_bytes)) throw InvalidArgument("c must not overlap a");
   if (kc::overlaps(c, c_bytes, w, e * n * k * 2)) throw InvalidArgument("c must not overlap w");
   if (kc::overlaps(c, c_bytes, offsets, (e + 1) * 4)) throw InvalidArgument("c must not overlap offsets");
 }

@@ -42,14 +42,14 @@ std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape) {
 
 void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const __nv_bfloat16* a,
                                            const __nv_bfloat16* w, const __nv_bfloat16* c, const std::int32_t* offsets,
-                                           const GroupedEpilogue& epilogue, GroupedStep step) {
+                                           const GroupedEpilogue& epilogue, GroupedStep step, std::int64_t a_rows) {
   to_string(step);  // throws for a value that is no step
   const int kind = static_cast<int>(epilogue.kind);
   if (kind < static_cast<int>(EpilogueKind::plain) || kind > static_cast<int>(EpilogueKind::row_scale)) {
     throw InvalidArgument("epilogue.kind (" + std::to_string(kind) + ") is not an EpilogueKind");
   }
   const std::int64_t n_out = output_columns(shape.n, epilogue.kind);
-  ch05::validate_grouped_gemm(shape, a, w, c, offsets, n_out);
+  ch05::validate_grouped_gemm(shape, a, w, c, offsets, n_out, a_rows);
   if (shape.m_total > kRaggedRows) {
     throw InvalidArgument("shape.m_total (" + std::to_string(shape.m_total) +
                           ") must be at most 2^30 (the ragged store map counts rows below 2^30)");
@@ -88,8 +88,9 @@ void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const 
 
 void validate_grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
                                   const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                                  const void* workspace, std::size_t workspace_bytes, GroupedStep step) {
-  validate_grouped_gemm_hopper_operands(shape, a, w, c, offsets, epilogue, step);
+                                  const void* workspace, std::size_t workspace_bytes, GroupedStep step,
+                                  std::int64_t a_rows) {
+  validate_grouped_gemm_hopper_operands(shape, a, w, c, offsets, epilogue, step, a_rows);
   const std::int64_t n_out = output_columns(shape.n, epilogue.kind);
   const std::uint64_t c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(n_out) * 2;
   const std::size_t needed = grouped_gemm_hopper_workspace_bytes(shape);
@@ -106,7 +107,8 @@ void validate_grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bflo
   const auto n = static_cast<std::uint64_t>(shape.n);
   const auto k = static_cast<std::uint64_t>(shape.k);
   if (kc::overlaps(workspace, needed, c, c_bytes)) throw InvalidArgument("workspace must not overlap c");
-  if (kc::overlaps(workspace, needed, a, m * k * 2)) throw InvalidArgument("workspace must not overlap a");
+  const std::uint64_t a_bytes = (a_rows >= 0 ? static_cast<std::uint64_t>(a_rows) : m) * k * 2;
+  if (kc::overlaps(workspace, needed, a, a_bytes)) throw InvalidArgument("workspace must not overlap a");
   if (kc::overlaps(workspace, needed, w, e * n * k * 2)) throw InvalidArgument("workspace must not overlap w");
   if (kc::overlaps(workspace, needed, offsets, (e + 1) * 4)) {
     throw InvalidArgument("workspace must not overlap offsets");
@@ -139,8 +141,6 @@ void validate_gathered_a(const GroupedGemmShape& shape, const GatheredA& a, cons
   if (a.rows == nullptr) throw InvalidArgument("a.rows must not be null when shape.m_total > 0");
   if (!kc::aligned_to(a.rows, 4)) throw InvalidArgument("a.rows must be 4-byte aligned");
   const std::uint64_t c_bytes = static_cast<std::uint64_t>(shape.m_total) * static_cast<std::uint64_t>(n_out) * 2;
-  const std::uint64_t x_bytes = static_cast<std::uint64_t>(a.x_rows) * static_cast<std::uint64_t>(shape.k) * 2;
-  if (kc::overlaps(c, c_bytes, a.x, x_bytes)) throw InvalidArgument("c must not overlap a.x");
   if (kc::overlaps(c, c_bytes, a.rows, static_cast<std::uint64_t>(shape.m_total) * 4)) {
     throw InvalidArgument("c must not overlap a.rows");
   }
@@ -218,8 +218,8 @@ void detail::grouped_gemm_hopper_ordered(GroupedStep step, int group_m, const Gr
 void grouped_gemm_hopper_gather(const GroupedGemmShape& shape, const GatheredA& a, const __nv_bfloat16* w,
                                 __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
                                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes, kAfterStep);
   validate_gathered_a(shape, a, c, output_columns(shape.n, epilogue.kind));
+  validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes, kAfterStep, a.x_rows);
   if (shape.m_total == 0) return;
   enqueue_grouped(kAfterStep, kGroupM, shape, nullptr, &a, w, c, offsets, epilogue, workspace, stream);
 }

@@ -120,16 +120,20 @@ std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape);
 /// @param offsets [E + 1] device row offsets
 /// @param epilogue plain, swiglu or row_scale
 /// @param step the step whose store rules apply
+/// @param a_rows rows of the matrix at @p a for the overlap checks (a gathered A's x_rows); -1: M_total
 void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const __nv_bfloat16* a,
                                            const __nv_bfloat16* w, const __nv_bfloat16* c, const std::int32_t* offsets,
-                                           const GroupedEpilogue& epilogue, GroupedStep step = kAfterStep);
+                                           const GroupedEpilogue& epilogue, GroupedStep step = kAfterStep,
+                                           std::int64_t a_rows = -1);
 
 /// Checks every rule in this file's description for a launch of @p step; throws kc::InvalidArgument
 /// naming the first one broken, e.g. "the columns of C (770, shape.n / 2) must be a multiple of 8 for
-/// step3_ragged_tensor_map's TMA store (rows of a multiple of 16 bytes)". Host-only.
+/// step3_ragged_tensor_map's TMA store (rows of a multiple of 16 bytes)". Host-only. @p a_rows as in
+/// validate_grouped_gemm_hopper_operands.
 void validate_grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
                                   const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                                  const void* workspace, std::size_t workspace_bytes, GroupedStep step = kAfterStep);
+                                  const void* workspace, std::size_t workspace_bytes, GroupedStep step = kAfterStep,
+                                  std::int64_t a_rows = -1);
 
 /// After: every expert in one persistent launch (after the prefix kernel), with kAfterStep's store.
 /// @param shape sizes (N is W's rows per expert; C has output_columns(N, epilogue.kind) columns)
@@ -171,10 +175,10 @@ struct GatheredA {
   const std::int32_t* rows = nullptr;  ///< [M_total] on the device: rows[r] in [0, x_rows) for r < offsets[E]
 };
 
-/// Checks a gathered A's rules besides grouped_gemm_hopper's (where a.x stands for A): when M_total >
-/// 0, a.x_rows in [1, 2^31 - 1], a.rows not null and 4-byte aligned, c overlapping neither a.x nor
-/// a.rows. Throws kc::InvalidArgument naming the first rule broken. Host-only. (A row index outside
-/// [0, x_rows) is device data, not checked: TMA reads zeros for it.)
+/// Checks a gathered A's rules besides grouped_gemm_hopper's (where a.x, of a.x_rows rows, stands for
+/// A): when M_total > 0, a.x_rows in [1, 2^31 - 1], a.rows not null, 4-byte aligned and not
+/// overlapping c. Throws kc::InvalidArgument naming the first rule broken. Host-only. (A row index
+/// outside [0, x_rows) is device data, not checked: TMA reads zeros for it.)
 /// @param shape sizes
 /// @param a the gathered A
 /// @param c [M_total, n_out] output

@@ -69,8 +69,10 @@ const char* to_string(SwapStep step);
 /// @param c [M_total, n_out] output
 /// @param offsets [E + 1] device row offsets
 /// @param epilogue plain, swiglu or row_scale
+/// @param a_rows rows of the matrix at @p a for the overlap checks (a gathered A's x_rows); -1: M_total
 void validate_swap_ab(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                      const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue);
+                      const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                      std::int64_t a_rows = -1);
 
 /// One step of the swapped kernel: every expert's tokens times its weights, in one launch.
 /// @param step the step

@@ -23,10 +23,12 @@ const char* to_string(SwapStep step) {
 }
 
 void validate_swap_ab(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
-                      const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue) {
+                      const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
+                      std::int64_t a_rows) {
   // Chapter 8's rules on the operands and the epilogue (its masked step: no store rules), then the
   // transposed store's.
-  ch08::validate_grouped_gemm_hopper_operands(shape, a, w, c, offsets, epilogue, ch08::GroupedStep::masked_store);
+  ch08::validate_grouped_gemm_hopper_operands(shape, a, w, c, offsets, epilogue, ch08::GroupedStep::masked_store,
+                                              a_rows);
   if (shape.m_total == 0) return;
   const std::int64_t n_out = ch08::output_columns(shape.n, epilogue.kind);
   if (n_out % 8 != 0) {
@@ -105,9 +107,11 @@ void grouped_gemm_decode(const GroupedGemmShape& shape, const __nv_bfloat16* a, 
 void grouped_gemm_decode_gather(const GroupedGemmShape& shape, const ch08::GatheredA& a, const __nv_bfloat16* w,
                                 __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
                                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  validate_swap_ab(shape, a.x, w, c, offsets, epilogue);
-  ch08::validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes);
+  // a.x, of a.x_rows rows, plays A's part in both kernels' rules.
   ch08::validate_gathered_a(shape, a, c, ch08::output_columns(shape.n, epilogue.kind));
+  validate_swap_ab(shape, a.x, w, c, offsets, epilogue, a.x_rows);
+  ch08::validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes, ch08::kAfterStep,
+                                     a.x_rows);
   if (shape.m_total == 0) return;
   if (decode_choice(shape.m_total, shape.experts).swapped) {
     enqueue_swapped(SwapStep::token_tile, shape, nullptr, w, c, offsets, epilogue, stream, &a);

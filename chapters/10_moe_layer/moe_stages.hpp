@@ -20,7 +20,7 @@ namespace kc::ch10::detail {
 
 /// The stages of the layer, in order: the router GEMM, the routing, the permutation (with the fused
 /// steps' shared slots and row weights), up, SiLU · up (before only), down, the combine, and the
-/// shared experts run dense (before, steps 1 and 2).
+/// shared experts run dense (before, steps 1 to 3).
 inline constexpr std::array<std::string_view, 8> kStages{"router", "routing", "permute", "up",
                                                          "swiglu", "down",    "combine", "shared"};
 
