@@ -8,9 +8,10 @@
 ///   for each tile t = block, block + grid, ...:   for each tile, the same t:
 ///     find its expert and rows                      find its expert and rows
 ///     for each K slice: wait empty, TMA             for each K slice: wait full, 4 × wgmma
-///       A rows row0 .. row0 + 127 (may run            m64n256k16, release the slice before
-///       past the expert: never stored),               the epilogue: the producer runs ahead
-///       W rows of the expert's n-tile                 into the next tile
+///       A rows row0 .. row0 + 127 (may run            m64n256k16 (none if all 64 rows lie past
+///       past the expert: never stored),               the expert), release the slice before
+///       W rows of the expert's n-tile                 the epilogue: the producer runs ahead
+///                                                   into the next tile
 ///                                                   epilogue: SwiGLU and/or row scale, then
 ///                                                   the step's store, clipped at the expert's end
 ///
@@ -178,26 +179,31 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   int acquired_expert = -1;  // step 2: the expert whose store map this warpgroup last acquired
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const GroupedWork work = work_of(tile);
+    const int row0 = work.row0 + 64 * consumer;
+    // A warpgroup whose 64 rows all lie past the expert (the second half of an expert's last, short
+    // m-tile) only passes the slices on: its wgmmas would compute rows that are never stored, and the
+    // other warpgroup has the tensor cores to itself.
+    const bool idle = row0 >= work.row_end;
     for (int kt = 0; kt < k_tiles; ++kt, c.advance(kTile.stages)) {
       ptx::mbarrier_wait(&full[c.stage], c.phase);
-      const std::uint64_t a_desc = ptx::descriptor_of(stage(c.stage) + consumer * 64 * 128);
-      const std::uint64_t w_desc = ptx::descriptor_of(stage(c.stage) + kTile.a_box_bytes());
-      ptx::wgmma_fence();
+      if (!idle) {
+        const std::uint64_t a_desc = ptx::descriptor_of(stage(c.stage) + consumer * 64 * 128);
+        const std::uint64_t w_desc = ptx::descriptor_of(stage(c.stage) + kTile.a_box_bytes());
+        ptx::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        ptx::wgmma_m64n256k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > 0 || kk > 0 ? 1 : 0);
+        for (int kk = 0; kk < kBlockK / 16; ++kk) {
+          ptx::wgmma_m64n256k16(acc, a_desc + 2 * kk, w_desc + 2 * kk, kt > 0 || kk > 0 ? 1 : 0);
+        }
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<1>();
       }
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<1>();
       if (kt > 0 && lane0) ptx::mbarrier_arrive(&empty[previous_stage]);
       previous_stage = c.stage;
     }
     ptx::wgmma_wait_group<0>();
     if (lane0) ptx::mbarrier_arrive(&empty[previous_stage]);
+    if (idle) continue;
     ptx::fence_accumulators(acc);
-
-    const int row0 = work.row0 + 64 * consumer;
-    if (row0 >= work.row_end) continue;  // this warpgroup's rows all belong to the next expert
     const int col0 = work.n_tile * kOutCols;
     // The epilogue's values. A thread holds two rows of its warpgroup's 64 (accumulator_position: lane
     // / 4 and + 8 of its warp's 16), so two scales cover it; register i is in the second when (i >> 1) & 1.
