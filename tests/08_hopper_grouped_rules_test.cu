@@ -160,8 +160,15 @@ void expect_launch_covers_every_row_once(const std::vector<std::int32_t>& sizes,
       ASSERT_EQ(w.n_tile, local % tiles_n) << "tile " << tile;
       ASSERT_EQ((w.row0 - begin) / 128, local / tiles_n) << "tile " << tile;
     }
-    const int last = std::min(w.row0 + 128, w.row_end);
-    for (int r = w.row0; r < last; ++r) ++hits[static_cast<std::size_t>(r) * tiles_n + w.n_tile];
+    // Each row is computed by one consumer warpgroup: one that is not idle has a row of the expert, and
+    // an idle one none (the coverage below fails if it skipped a row).
+    for (int consumer = 0; consumer < kTile.consumer_warpgroups; ++consumer) {
+      const int first = w.row0 + kc::ch08::kWarpgroupRows * consumer;
+      if (kc::ch08::warpgroup_idle(w, consumer)) continue;
+      ASSERT_LT(first, w.row_end) << "tile " << tile << ": warpgroup " << consumer << " works on no row";
+      const int last = std::min(first + kc::ch08::kWarpgroupRows, w.row_end);
+      for (int r = first; r < last; ++r) ++hits[static_cast<std::size_t>(r) * tiles_n + w.n_tile];
+    }
   }
   for (int r = 0; r < m_total; ++r) {
     for (int t = 0; t < tiles_n; ++t) {

@@ -179,11 +179,11 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
   int acquired_expert = -1;  // step 2: the expert whose store map this warpgroup last acquired
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const GroupedWork work = work_of(tile);
-    const int row0 = work.row0 + 64 * consumer;
+    const int row0 = work.row0 + kWarpgroupRows * consumer;
     // A warpgroup whose 64 rows all lie past the expert (the second half of an expert's last, short
     // m-tile) only passes the slices on: its wgmmas would compute rows that are never stored, and the
     // other warpgroup has the tensor cores to itself.
-    const bool idle = row0 >= work.row_end;
+    const bool idle = warpgroup_idle(work, consumer);
     for (int kt = 0; kt < k_tiles; ++kt, c.advance(kTile.stages)) {
       ptx::mbarrier_wait(&full[c.stage], c.phase);
       if (!idle) {

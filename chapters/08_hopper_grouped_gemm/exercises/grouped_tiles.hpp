@@ -101,6 +101,16 @@ __host__ __device__ inline GroupedWork grouped_work(int tile, const std::int32_t
   return work;
 }
 
+/// Rows of a tile each consumer warpgroup computes: warpgroup c takes rows row0 + 64 · c ...
+inline constexpr int kWarpgroupRows = kTile.block_m / kTile.consumer_warpgroups;
+static_assert(kWarpgroupRows == 64, "one wgmma m64 row block per consumer warpgroup");
+
+/// Whether consumer warpgroup @p consumer of @p work's tile has no row of the tile's expert (its 64
+/// rows start at or past the expert's end): it then issues no wgmma and stores nothing.
+__host__ __device__ constexpr bool warpgroup_idle(const GroupedWork& work, int consumer) {
+  return work.row0 + kWarpgroupRows * consumer >= work.row_end;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Step 3's rank-3 store map. C [M_total, n_out] is described to TMA as a tensor of three dimensions,
 // innermost first: columns (n_out), rows (2^30), and an "end row" dimension (2^31 - 1 of them) whose
