@@ -86,6 +86,35 @@ def run_main(argv):
     return status, out.getvalue(), err.getvalue()
 
 
+def load_chapter_spec(test, key, chapter_id, good, bad_ones):
+    """Writes a chapters.json whose one chapter has @p key set to each of @p bad_ones (each must be
+    refused with "<chapter_id> <key> must be"), then to @p good; returns the chapter loaded from it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "chapters.json")
+
+        def write(spec):
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump([{"id": chapter_id, "dir": chapter_id[2:] + "_x", "title": "X", key: spec}], f)
+
+        for bad in bad_ones:
+            write(bad)
+            with test.assertRaisesRegex(kr.ResultsError, f"{chapter_id} {key} must be"):
+                kr.load_chapters(path)
+        write(good)
+        return kr.load_chapters(path)[0]
+
+
+def expect_plot_drawn(test, render, results, chapter, png):
+    """@p render draws @p png where matplotlib is installed, and reports that it drew nothing where not."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        test.assertFalse(render(results, chapter, png))
+    else:
+        test.assertTrue(render(results, chapter, png))
+        test.assertGreater(os.path.getsize(png), 0)
+
+
 class NamesTest(unittest.TestCase):
     def test_suffixes_are_stripped(self):
         for name in ["ch01/after/fp32_N1024/manual_time",
@@ -847,20 +876,13 @@ class SweepTest(unittest.TestCase):
     """chapters.json "sweep": a one-size sweep plotted as time against the size (chNN_sweep.png)."""
 
     def test_chapters_json_rule(self):
+        good = {"cases": ["a", "b"], "x": [1, 2], "x_label": "tokens", "variants": ["before", "after"]}
+        bad_ones = [[], {**good, "x": [1]}, {**good, "x": [1, 0]}, {**good, "x": [1, True]},
+                    {**good, "cases": []}, {**good, "x_label": ""}, {**good, "variants": "after"}]
+        sweep = load_chapter_spec(self, "sweep", "ch09", good, bad_ones).sweep
+        self.assertEqual((sweep.cases, sweep.x, sweep.variants), (("a", "b"), (1.0, 2.0), ("before", "after")))
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "chapters.json")
-            good = {"cases": ["a", "b"], "x": [1, 2], "x_label": "tokens", "variants": ["before", "after"]}
-            bad_ones = [[], {**good, "x": [1]}, {**good, "x": [1, 0]}, {**good, "x": [1, True]},
-                        {**good, "cases": []}, {**good, "x_label": ""}, {**good, "variants": "after"}]
-            for bad in bad_ones:
-                with open(path, "w", encoding="utf-8") as f:
-                    json.dump([{"id": "ch09", "dir": "09_x", "title": "X", "sweep": bad}], f)
-                with self.assertRaisesRegex(kr.ResultsError, "ch09 sweep must be"):
-                    kr.load_chapters(path)
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump([{"id": "ch09", "dir": "09_x", "title": "X", "sweep": good}], f)
-            sweep = kr.load_chapters(path)[0].sweep
-            self.assertEqual((sweep.cases, sweep.x, sweep.variants), (("a", "b"), (1.0, 2.0), ("before", "after")))
             with open(path, "w", encoding="utf-8") as f:
                 json.dump([{"id": "ch09", "dir": "09_x", "title": "X"}], f)
             self.assertIsNone(kr.load_chapters(path)[0].sweep)
@@ -876,33 +898,18 @@ class SweepTest(unittest.TestCase):
             self.assertFalse(kr.render_sweep_plot(results, chapter, png))  # nothing measured
             self.assertFalse(os.path.exists(png))
             chapter.sweep = kr.Sweep(("fp32_N1048576", "fp32_N7"), (1.0, 2.0), "size", ("after", "limit"))
-            try:
-                import matplotlib  # noqa: F401
-            except ImportError:
-                self.assertFalse(kr.render_sweep_plot(results, chapter, png))
-            else:
-                self.assertTrue(kr.render_sweep_plot(results, chapter, png))
-                self.assertGreater(os.path.getsize(png), 0)
+            expect_plot_drawn(self, kr.render_sweep_plot, results, chapter, png)
 
 
 class StageBreakdownTest(unittest.TestCase):
     """chapters.json "stages": stacked stage_<name>_us counters per case and variant (chNN_stages.png)."""
 
     def test_chapters_json_rule(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "chapters.json")
-            good = {"cases": ["a"], "variants": ["before", "after"], "stages": ["up", "down"], "reference": "limit"}
-            bad_ones = [[], {**good, "cases": []}, {**good, "stages": "up"}, {**good, "variants": [""]},
-                        {**good, "reference": 3}]
-            for bad in bad_ones:
-                with open(path, "w", encoding="utf-8") as f:
-                    json.dump([{"id": "ch10", "dir": "10_x", "title": "X", "stages": bad}], f)
-                with self.assertRaisesRegex(kr.ResultsError, "ch10 stages must be"):
-                    kr.load_chapters(path)
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump([{"id": "ch10", "dir": "10_x", "title": "X", "stages": good}], f)
-            spec = kr.load_chapters(path)[0].stages
-            self.assertEqual((spec.cases, spec.stages, spec.reference), (("a",), ("up", "down"), "limit"))
+        good = {"cases": ["a"], "variants": ["before", "after"], "stages": ["up", "down"], "reference": "limit"}
+        bad_ones = [[], {**good, "cases": []}, {**good, "stages": "up"}, {**good, "variants": [""]},
+                    {**good, "reference": 3}]
+        spec = load_chapter_spec(self, "stages", "ch10", good, bad_ones).stages
+        self.assertEqual((spec.cases, spec.stages, spec.reference), (("a",), ("up", "down"), "limit"))
 
     def test_stage_times_keep_the_order_and_skip_missing_stages(self):
         m = kr.Measurement(name="ch10/after/a", chapter="ch10", variant="after", case="a", source="x",
@@ -921,13 +928,7 @@ class StageBreakdownTest(unittest.TestCase):
             self.assertFalse(os.path.exists(png))
             m = results.find("fp32_N1048576", "after")
             m.counters.update({"stage_up_us": 1.0, "stage_down_us": 2.0})
-            try:
-                import matplotlib  # noqa: F401
-            except ImportError:
-                self.assertFalse(kr.render_stage_plot(results, chapter, png))
-            else:
-                self.assertTrue(kr.render_stage_plot(results, chapter, png))
-                self.assertGreater(os.path.getsize(png), 0)
+            expect_plot_drawn(self, kr.render_stage_plot, results, chapter, png)
 
 
 class ProfileMarkerTest(unittest.TestCase):
