@@ -27,6 +27,7 @@
 #include "kc/random.hpp"
 #include "kc/test_support.hpp"
 #include "moe_layer.hpp"
+#include "moe_stages.hpp"  // the router's decode kernel
 // Angle brackets: the exercise build tests the skeleton of combine_slots.hpp.
 #include <combine_slots.hpp>
 
@@ -325,6 +326,70 @@ TEST_F(MoeLayerGpu, NanStaysInItsToken) {
         ASSERT_TRUE(std::equal(clean.y.begin() + row, clean.y.begin() + row + c.hidden, poisoned.y.begin() + row,
                                [](bf16 a, bf16 b) { return bits(a) == bits(b); }))
             << "token " << t << " changed";
+      }
+    }
+  }
+}
+
+// The router's decode kernel (after's router at T <= 8) against fp64 at DeepSeek-V3's size and an odd
+// one: each logit within its bf16 rounding and the fp32 sum's error. Two equal router rows give equal
+// bits; a NaN in one token's x reaches that token's logits only; nothing is written past [T, E].
+TEST_F(MoeLayerGpu, RouterDecodeMatchesFp64) {
+  const std::uint64_t seed = kc::test::test_seed();
+  for (const auto& [experts, hidden] : {std::pair<int, std::int64_t>{256, 7168}, {5, 296}}) {
+    for (std::int64_t tokens = 1; tokens <= kc::ch10::detail::kRouterDecodeTokens; ++tokens) {
+      SCOPED_TRACE("E=" + std::to_string(experts) + " H=" + std::to_string(hidden) + " T=" + std::to_string(tokens));
+      std::vector<bf16> x(static_cast<std::size_t>(tokens * hidden)),
+          router(static_cast<std::size_t>(experts * hidden));
+      kc::fill_uniform(std::span<bf16>(x), seed + static_cast<std::uint64_t>(tokens), -1.0, 1.0);
+      kc::fill_uniform(std::span<bf16>(router), seed + 100, -0.05, 0.05);
+      std::copy_n(router.begin() + hidden, hidden, router.begin() + (experts - 1) * hidden);  // rows 1 and E-1 tie
+      const kc::DeviceBuffer<bf16> d_router(router);
+      kc::DeviceBuffer<bf16> d_x(x);
+      kc::test::GuardedOutput<bf16> logits(static_cast<std::size_t>(tokens * experts));
+      const auto launch = [&] {
+        logits.poison();
+        kc::ch10::detail::router_logits_decode(tokens, experts, hidden, d_x.data(), d_router.data(), logits.data(),
+                                               nullptr);
+        kc::check(cudaDeviceSynchronize());
+        EXPECT_EQ(logits.guard_damage(), 0u);
+        return logits.to_host();
+      };
+      const std::vector<bf16> got = launch();
+      const std::vector<double> want = kc::ch10::logits_reference(x, router, hidden);
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        for (int e = 0; e < experts; ++e) {
+          double magnitude = 0.0;  // the sum of |x · w| bounds the fp32 sum's error
+          for (std::int64_t i = 0; i < hidden; ++i) {
+            magnitude += std::fabs(kc::to_double(x[static_cast<std::size_t>(t * hidden + i)]) *
+                                   kc::to_double(router[static_cast<std::size_t>(e * hidden + i)]));
+          }
+          const auto at = static_cast<std::size_t>(t * experts + e);
+          const double ref = want[at];
+          ASSERT_NEAR(kc::to_double(got[at]), ref, std::fabs(ref) * 0x1p-8 + magnitude * 1e-5)
+              << "token " << t << " expert " << e;
+        }
+        ASSERT_EQ(bits(got[static_cast<std::size_t>(t * experts + 1)]),
+                  bits(got[static_cast<std::size_t>(t * experts + experts - 1)]))
+            << "equal router rows, token " << t;
+      }
+      const std::vector<bf16> again = launch();
+      EXPECT_TRUE(std::equal(again.begin(), again.end(), got.begin(), [](bf16 a, bf16 b) {
+        return bits(a) == bits(b);
+      })) << "a rerun changed the logits";
+      // A NaN in the last token's x: its logits are NaN, every other token's are the same bits.
+      x[static_cast<std::size_t>((tokens - 1) * hidden + 3)] = __float2bfloat16(NAN);
+      d_x = kc::DeviceBuffer<bf16>(x);
+      const std::vector<bf16> poisoned = launch();
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        for (int e = 0; e < experts; ++e) {
+          const auto at = static_cast<std::size_t>(t * experts + e);
+          if (t == tokens - 1) {
+            ASSERT_TRUE(std::isnan(kc::to_double(poisoned[at]))) << "expert " << e;
+          } else {
+            ASSERT_EQ(bits(poisoned[at]), bits(got[at])) << "token " << t << " expert " << e;
+          }
+        }
       }
     }
   }

@@ -215,29 +215,32 @@ TEST(MoeRules, StepsCheckTheSameRules) {
   EXPECT_STREQ(kc::ch10::to_string(kc::ch10::MoeStep::gather_in_up), "step5_gather_in_up");
 }
 
-// Each step adds its fusion to the ones before; after is step 4 with the gather where the swapped
-// kernel runs, which at DeepSeek-V3's sizes is T <= 1827 (T · 9 rows over 257 experts: at most 64 per
-// expert on average).
+// Each step adds its fusion to the ones before; step 5's gather is its own; after is step 4 with the
+// router's decode kernel, and no gather.
 TEST(MoeRules, StepsAndAfterFusions) {
-  using kc::ch10::detail::Gather;
   const auto f1 = kc::ch10::detail::fusions_of(kc::ch10::MoeStep::row_parallel_copy);
-  EXPECT_FALSE(f1.swiglu_epilogue || f1.weight_in_down || f1.shared_as_expert);
-  EXPECT_EQ(f1.gather, Gather::never);
+  EXPECT_FALSE(f1.swiglu_epilogue || f1.weight_in_down || f1.shared_as_expert || f1.gather || f1.router_decode);
   const auto f4 = kc::ch10::detail::fusions_of(kc::ch10::MoeStep::shared_as_expert);
   EXPECT_TRUE(f4.swiglu_epilogue && f4.weight_in_down && f4.shared_as_expert);
-  EXPECT_EQ(f4.gather, Gather::never);
-  EXPECT_EQ(kc::ch10::detail::fusions_of(kc::ch10::MoeStep::gather_in_up).gather, Gather::always);
+  EXPECT_FALSE(f4.gather || f4.router_decode);
+  const auto f5 = kc::ch10::detail::fusions_of(kc::ch10::MoeStep::gather_in_up);
+  EXPECT_TRUE(f5.shared_as_expert && f5.gather);
+  EXPECT_FALSE(f5.router_decode);
   const auto after = kc::ch10::detail::after_fusions();
-  EXPECT_TRUE(after.swiglu_epilogue && after.weight_in_down && after.shared_as_expert);
-  EXPECT_EQ(after.gather, Gather::where_swapped);
-  const MoeConfig d = kc::ch10::deepseek_v3();
-  EXPECT_TRUE(kc::ch10::moe_up_is_swapped(d, 1));
-  EXPECT_TRUE(kc::ch10::moe_up_is_swapped(d, 1827));  // 16443 rows / 257 experts = 63.98
-  EXPECT_FALSE(kc::ch10::moe_up_is_swapped(d, 1828));
-  EXPECT_FALSE(kc::ch10::moe_up_is_swapped(d, 4096));
-  const MoeConfig m = kc::ch10::mixtral_8x7b();
-  EXPECT_TRUE(kc::ch10::moe_up_is_swapped(m, 256));  // 512 rows over 8 experts: 64
-  EXPECT_FALSE(kc::ch10::moe_up_is_swapped(m, 257));
+  EXPECT_TRUE(after.swiglu_epilogue && after.weight_in_down && after.shared_as_expert && after.router_decode);
+  EXPECT_FALSE(after.gather);
+}
+
+// The router's decode kernel takes 1 to 8 tokens, and says so before any launch.
+TEST(MoeRules, RouterDecodeTokens) {
+  EXPECT_EQ(kc::ch10::detail::kRouterDecodeTokens, 8);
+  const bf16* x = fake<const bf16>(0x100000);
+  const bf16* router = fake<const bf16>(0x900000);
+  bf16* logits = fake<bf16>(0x1100000);
+  expect_invalid_argument([&] { kc::ch10::detail::router_logits_decode(0, 256, 7168, x, router, logits, nullptr); },
+                          "tokens (0) must be in [1, 8] for the router's decode kernel");
+  expect_invalid_argument([&] { kc::ch10::detail::router_logits_decode(9, 256, 7168, x, router, logits, nullptr); },
+                          "tokens (9) must be in [1, 8] for the router's decode kernel");
 }
 
 TEST(MoeCombine, RulesNameTheArgument) {

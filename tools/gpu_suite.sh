@@ -283,14 +283,14 @@ import json, sys
 for c in json.load(open("tools/chapters.json")):
     if c["id"] == sys.argv[1]:
         for entry in c.get("profile_cases", []):
-            print(entry["case"] + "\t" + entry.get("kernel", ""))
+            print(entry["case"] + "\t" + entry.get("kernel", "") + "\t" + str(entry.get("launch_count", 1)))
 PY
     : >"$results/${ch}_profile.txt"
-    while IFS=$'\t' read -r case kernel; do
+    while IFS=$'\t' read -r case kernel count; do
       [ -n "$case" ] || continue
       echo "## $case" >>"$results/${ch}_profile.txt"
-      kernel_args=()
-      [ -n "$kernel" ] && kernel_args=(--kernel "$kernel")
+      kernel_args=(--launch-count "$count")
+      [ -n "$kernel" ] && kernel_args+=(--kernel "$kernel")
       python3 tools/kc_profile.py --bench "$program" --case "$case" "${kernel_args[@]}" \
         >>"$results/${ch}_profile.txt" 2>"$logs/profile.err" ||
         { fail "$ch" "profile $case"; tail -5 "$logs/profile.err"; }

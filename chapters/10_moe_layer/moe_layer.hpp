@@ -134,9 +134,10 @@ void moe_layer_before(const MoeConfig& config, std::int64_t tokens, const __nv_b
 ///                        the routed experts', and the combine adds them (no dense GEMMs, no extra add).
 ///   5. gather_in_up:     the up projection loads its token rows from x through the permutation's
 ///                        token_of_row (one-row TMA boxes), in both of Chapter 9's dispatch's kernels:
-///                        no copies at all.
-/// `after` is step 4 with step 5's gather where it pays: in Chapter 9's swapped kernel (decode sizes),
-/// not in Chapter 8's, whose 128 one-row boxes per K slice outnumber what its TMA issues otherwise.
+///                        no copies at all. Measured slower than step 4 at every size: `after` leaves
+///                        it out.
+/// `after` is step 4 with the router's decode kernel: at T <= 8 tokens the router logits come from
+/// a kernel of a block per router row, not from Chapter 7's GEMM, whose one tile walks all of K alone.
 enum class MoeStep {
   row_parallel_copy,  ///< step 1
   swiglu_epilogue,    ///< step 2
@@ -154,12 +155,6 @@ inline constexpr MoeStep kMoeSteps[] = {MoeStep::row_parallel_copy, MoeStep::swi
 /// for a value that is not a MoeStep.
 const char* to_string(MoeStep step);
 
-/// True when the up projection of a layer of @p tokens tokens runs Chapter 9's swapped kernel (its
-/// dispatch on T · (k + S) rows over E + S experts): where `after` gathers the token rows.
-/// @param config the layer
-/// @param tokens T
-bool moe_up_is_swapped(const MoeConfig& config, std::int64_t tokens);
-
 /// The layer with the fusions up to @p step (same arguments and rules as moe_layer_before).
 /// @param step the step
 /// @param config the layer
@@ -174,11 +169,10 @@ void moe_layer_step(MoeStep step, const MoeConfig& config, std::int64_t tokens, 
                     const MoeWeights& weights, __nv_bfloat16* y, void* workspace, std::size_t workspace_bytes,
                     cudaStream_t stream = nullptr);
 
-/// After: every fusion where it pays. Per launch: the router GEMM, the routing, the shared slots, the
-/// permutation's index maps and the row weights, the token copies where the up projection runs
-/// Chapter 8's kernel (moe_up_is_swapped false), up with SwiGLU in its epilogue (gathering its token
-/// rows from x in Chapter 9's swapped kernel), down with the row weights (each grouped GEMM Chapter 9's
-/// dispatch) and the combine.
+/// After: every fusion that pays. Per launch: the router (its decode kernel up to 8 tokens, Chapter
+/// 7's GEMM above), the routing, the shared slots, the permutation's index maps and the row weights,
+/// the row-parallel token copies, up with SwiGLU in its epilogue, down with the row weights (each
+/// grouped GEMM Chapter 9's dispatch) and the combine.
 /// @param config the layer
 /// @param tokens T
 /// @param x [T, H] tokens

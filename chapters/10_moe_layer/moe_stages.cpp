@@ -1,5 +1,6 @@
 // The stages every variant of the layer shares: the router and the routing, and the shared experts
-// run dense (moe_stages.hpp). Host code: each is an earlier chapter's launch.
+// run dense (moe_stages.hpp). Host code: each is an earlier chapter's launch, except `after`'s router
+// at decode sizes (router_decode.cu).
 #include "moe_stages.hpp"
 
 #include "fused_epilogue.hpp"  // Chapter 3: silu_and_mul, add_residual
@@ -8,9 +9,13 @@
 namespace kc::ch10::detail {
 
 void route(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
-           const MoeWorkspace& at, cudaStream_t stream, std::string_view only) {
+           const MoeWorkspace& at, cudaStream_t stream, std::string_view only, bool decode_router) {
   if (only.empty() || only == "router") {
-    ch07::gemm_bf16_hopper(x, weights.router, at.logits, {tokens, config.experts, config.hidden}, stream);
+    if (decode_router && tokens <= kRouterDecodeTokens) {
+      router_logits_decode(tokens, config.experts, config.hidden, x, weights.router, at.logits, stream);
+    } else {
+      ch07::gemm_bf16_hopper(x, weights.router, at.logits, {tokens, config.experts, config.hidden}, stream);
+    }
   }
   if (only.empty() || only == "routing") {
     ch04::gating_after(gating_params(config, tokens), at.logits, weights.correction_bias,

@@ -28,25 +28,19 @@ inline constexpr std::array<std::string_view, 8> kStages{"router", "routing", "p
 void enqueue_before(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
                     __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream, std::string_view only = {});
 
-/// Where the up projection gathers its token rows from x instead of reading a permuted copy.
-enum class Gather {
-  never,          ///< steps 1 to 4: the copies, row-parallel
-  always,         ///< step 5
-  where_swapped,  ///< after: in Chapter 9's swapped kernel only (moe_up_is_swapped)
-};
-
 /// The fusions a variant of the layer runs (moe_layer.hpp's MoeStep describes each).
 struct Fusions {
   bool swiglu_epilogue = false;   ///< SiLU · up in up's epilogue
   bool weight_in_down = false;    ///< the routing weight in down's epilogue, combine_rows
   bool shared_as_expert = false;  ///< the shared experts routed as experts E ..
-  Gather gather = Gather::never;  ///< where up gathers its rows
+  bool gather = false;            ///< up gathers its rows from x: no copies (step 5)
+  bool router_decode = false;     ///< router_logits_decode up to kRouterDecodeTokens tokens (after)
 };
 
 /// The fusions of @p step: its own and every earlier step's.
 Fusions fusions_of(MoeStep step);
 
-/// The fusions of `after`: step 4's, and step 5's gather where the swapped kernel runs.
+/// The fusions of `after`: step 4's, and the router's decode kernel.
 Fusions after_fusions();
 
 /// The launches of the fused layer, after the layer's validation: all of them, or only stage
@@ -55,10 +49,21 @@ void enqueue_fused(const Fusions& fusions, const MoeConfig& config, std::int64_t
                    const MoeWeights& weights, __nv_bfloat16* y, const MoeWorkspace& at, cudaStream_t stream,
                    std::string_view only = {});
 
-/// The router GEMM (Chapter 7: logits [T, E] = x · routerᵀ, bf16) and the routing on those logits
-/// (Chapter 4: at.route_weights and at.ids, [T, k]); only one of the two when @p only names it.
+/// The router GEMM (logits [T, E] = x · routerᵀ, bf16: Chapter 7's GEMM, or router_logits_decode
+/// when @p decode_router and T <= kRouterDecodeTokens) and the routing on those logits (Chapter 4:
+/// at.route_weights and at.ids, [T, k]); only one of the two when @p only names it.
 void route(const MoeConfig& config, std::int64_t tokens, const __nv_bfloat16* x, const MoeWeights& weights,
-           const MoeWorkspace& at, cudaStream_t stream, std::string_view only = {});
+           const MoeWorkspace& at, cudaStream_t stream, std::string_view only = {}, bool decode_router = false);
+
+/// Tokens up to which `after`'s router runs router_logits_decode rather than Chapter 7's GEMM.
+inline constexpr int kRouterDecodeTokens = 8;
+
+/// logits[t, e] = x[t] · router[e] in fp32, rounded to bf16, for 1 <= T <= kRouterDecodeTokens: a
+/// block per router row, its 16-byte pieces spread over the block's threads, one fp32 sum per token,
+/// the block's sum in a fixed order (router_decode.cu). Throws kc::InvalidArgument for T outside
+/// that range; the layer's rules (hidden a multiple of 8, x and router 16-byte aligned) hold.
+void router_logits_decode(std::int64_t tokens, int experts, std::int64_t hidden, const __nv_bfloat16* x,
+                          const __nv_bfloat16* router, __nv_bfloat16* logits, cudaStream_t stream);
 
 /// Each shared expert s < S on every token, dense: up (Chapter 7's GEMM with expert E + s's [2I, H]),
 /// Chapter 3's SiLU · up, down, and Chapter 3's add into y.

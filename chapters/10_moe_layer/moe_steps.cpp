@@ -9,9 +9,8 @@
 //   step 3  as step 2, row weights · down (× weight) · combine_rows (unweighted)
 //   step 4  as step 3, shared slots before the permutation: the shared experts are experts
 //           E .. E + S - 1 of the same grouped launches, no dense shared expert
-//   step 5  as step 4, no copies: up gathers its rows from x
-//   after   step 4, with step 5's gather where up runs the swapped kernel
-#include "dispatch.hpp"        // Chapter 9: decode_choice
+//   step 5  as step 4, no copies: up gathers its rows from x (measured, and not kept)
+//   after   step 4, the router at T <= kRouterDecodeTokens by its decode kernel
 #include "fused_epilogue.hpp"  // Chapter 3: silu_and_mul
 #include "grouped_gemm.hpp"    // Chapter 5: permute_tokens, unpermute_combine
 #include "kc/check.hpp"
@@ -33,11 +32,6 @@ const char* to_string(MoeStep step) {
   throw InvalidArgument("step must be a MoeStep");
 }
 
-bool moe_up_is_swapped(const MoeConfig& config, std::int64_t tokens) {
-  const int s = config.shared_experts;
-  return ch09::decode_choice(tokens * (config.k + s), config.experts + s).swapped;
-}
-
 namespace detail {
 
 Fusions fusions_of(MoeStep step) {
@@ -47,13 +41,13 @@ Fusions fusions_of(MoeStep step) {
   f.swiglu_epilogue = n >= static_cast<int>(MoeStep::swiglu_epilogue);
   f.weight_in_down = n >= static_cast<int>(MoeStep::weight_in_down);
   f.shared_as_expert = n >= static_cast<int>(MoeStep::shared_as_expert);
-  f.gather = step == MoeStep::gather_in_up ? Gather::always : Gather::never;
+  f.gather = step == MoeStep::gather_in_up;
   return f;
 }
 
 Fusions after_fusions() {
   Fusions f = fusions_of(MoeStep::shared_as_expert);
-  f.gather = Gather::where_swapped;
+  f.router_decode = true;
   return f;
 }
 
@@ -65,10 +59,8 @@ void enqueue_fused(const Fusions& fusions, const MoeConfig& config, std::int64_t
   const int shared = fusions.shared_as_expert ? config.shared_experts : 0;
   const int slots = config.k + shared, experts = config.experts + shared;
   const std::int64_t rows = tokens * slots, hidden = config.hidden, inter = config.intermediate;
-  const bool gather = fusions.gather == Gather::always ||
-                      (fusions.gather == Gather::where_swapped && ch09::decode_choice(rows, experts).swapped);
 
-  if (stage("router") || stage("routing")) route(config, tokens, x, weights, at, stream, only);
+  if (stage("router") || stage("routing")) route(config, tokens, x, weights, at, stream, only, fusions.router_decode);
   if (stage("permute")) {
     const std::int32_t* ids = at.ids;
     if (shared > 0) {
@@ -79,7 +71,7 @@ void enqueue_fused(const Fusions& fusions, const MoeConfig& config, std::int64_t
     ch05::permute_tokens({tokens, slots, experts, hidden}, ids, x,
                          {at.counts, at.offsets, at.row_of_pair, at.token_of_row, nullptr}, at.permute_scratch,
                          at.permute_scratch_bytes, stream);
-    if (!gather) copy_token_rows(rows, hidden, x, at.token_of_row, at.offsets + experts, at.a, stream);
+    if (!fusions.gather) copy_token_rows(rows, hidden, x, at.token_of_row, at.offsets + experts, at.a, stream);
     // The weight of each permuted row, for the down projection's epilogue.
     if (fusions.weight_in_down) {
       scatter_row_weights(tokens, config.k, slots, at.route_weights, at.row_of_pair, at.weight_of_row, stream);
@@ -90,7 +82,7 @@ void enqueue_fused(const Fusions& fusions, const MoeConfig& config, std::int64_t
     const ch08::GroupedEpilogue epilogue{fusions.swiglu_epilogue ? ch08::EpilogueKind::swiglu
                                                                  : ch08::EpilogueKind::plain};
     __nv_bfloat16* up_out = fusions.swiglu_epilogue ? at.h : at.gate_up;
-    if (gather) {
+    if (fusions.gather) {
       ch09::grouped_gemm_decode_gather({rows, 2 * inter, hidden, experts}, {x, tokens, at.token_of_row}, weights.up,
                                        up_out, at.offsets, epilogue, at.grouped_scratch, at.grouped_scratch_bytes,
                                        stream);
