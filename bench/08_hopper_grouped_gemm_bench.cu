@@ -5,23 +5,22 @@
 // Cases (labels as Chapter 5's: G{E}xM{rows per expert}_N_K uniform, E{E}_M{total}_{distribution}_N_K
 // skewed, the same group sizes as Chapter 5's):
 //   DeepSeek-V3 up (N = 4096, K = 7168): G8xM4096, G32xM256, G256xM128 uniform; 256 experts over 8192
-//   rows Zipf-skewed, one hot expert (half the rows), 25 % empty experts.
+//   rows Zipf-skewed, one hot expert (half the rows), 25 % empty experts; 256 experts over 32768 rows
+//   spread 128 ± 11 as prefill's routing spreads them (ragged: half the experts take a second m-tile).
 //   DeepSeek-V3 down (N = 7168, K = 2048): G8xM4096 and G256xM128.
 //   Mixtral up (N = 28672, K = 4096): G8xM4096.
 //   Qwen3-30B-A3B gate and up (N = 1536 = 2 × 768, K = 2048), small experts: G128xM256.
 // Variants: before (Chapter 7's GEMM launched once per non-empty expert, grouped_gemm_hopper_loop),
 // step0_ch05_one_launch (Chapter 5's `after`: one launch, grouped order, 128 × 256 mma.sync tile),
-// step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map, step4_a_evict_last
-// (grouped_gemm_hopper_step), after (grouped_gemm_hopper), order_row_major (the G8xM4096 cases only:
-// `after` with each expert's tiles walked row by row instead of in bands of 16 m-tiles, to measure what
-// the grouped order saves; the chapter's profile compares the two orders' DRAM bytes),
-// vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx),
-// limit (the case's roofline, measured in the same run: device-to-device copies of S = min(fewest bytes
-// / 2, 1 GiB) bytes back to back for at least 20 ms, taking t_copy each, then cuBLAS's GemmEx on one
-// dense matrix of all the experts' rows, rows × N × K, back to back in batches of at least 20 ms,
-// taking t_gemm each, each kind after a batch of it untimed; an iteration's time is the longer of
-// fewest bytes / (2 S / t_copy) and t_gemm). pytorch (torch._grouped_mm) comes from
-// tools/pytorch_baselines.py.
+// step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map, step4_a_evict_last,
+// step5_block_per_tile (grouped_gemm_hopper_step), after (grouped_gemm_hopper), order_row_major (the G8xM4096 cases
+// only: `after` with each expert's tiles walked row by row instead of in bands of 16 m-tiles, to measure what the
+// grouped order saves; the chapter's profile compares the two orders' DRAM bytes), vendor_cublas_loop (cublasGemmEx per
+// expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx), limit (the case's roofline, measured in the same run:
+// device-to-device copies of S = min(fewest bytes / 2, 1 GiB) bytes back to back for at least 20 ms, taking t_copy
+// each, then cuBLAS's GemmEx on one dense matrix of all the experts' rows, rows × N × K, back to back in batches of at
+// least 20 ms, taking t_gemm each, each kind after a batch of it untimed; an iteration's time is the longer of fewest
+// bytes / (2 S / t_copy) and t_gemm). pytorch (torch._grouped_mm) comes from tools/pytorch_baselines.py.
 //
 // The loop and cuBLAS variants need the group sizes on the host: the benchmark copies the device
 // offsets to the host once, outside the timed region (a framework pays that copy and a synchronisation
@@ -40,7 +39,7 @@
 // Hopper only: on another GPU, or in a build without sm_90a kernels, the program registers nothing and
 // says why (as Chapter 7's).
 //
-// Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 103 benchmarks
+// Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 124 benchmarks
 // × (5 repetitions × ~0.3 s (MinTime 0.2 s of launches of 0.3-25 ms) + ~7 set-ups × ~0.07 s (Google
 // Benchmark sizes the first repetition in 2-3 runs; each run allocates and fills up to 16 GB)) ≈ 200 s.
 #include <cuda_bf16.h>
@@ -95,7 +94,8 @@ std::vector<GroupedCase> benchmark_cases() {
           uniform_case(128, 256, 1536, 2048),
           skewed_case(GroupSizes::zipf, 256, 8192, 4096, 7168),
           skewed_case(GroupSizes::one_hot, 256, 8192, 4096, 7168),
-          skewed_case(GroupSizes::quarter_empty, 256, 8192, 4096, 7168)};
+          skewed_case(GroupSizes::quarter_empty, 256, 8192, 4096, 7168),
+          skewed_case(GroupSizes::ragged, 256, 32768, 4096, 7168)};
 }
 
 enum class Variant { before, ch05_one_launch, hopper_step, after, row_major_order, cublas_loop, cublas_grouped };
@@ -254,8 +254,7 @@ void register_benchmarks(const kc::DeviceInfo& device) {
     benchmark::AddCustomContext("group_sizes/" + cs.label, kc::bench::grouped::encode_group_sizes(cs.sizes));
     add("before", cs, Variant::before);
     if (wide_tile) add("step0_ch05_one_launch", cs, Variant::ch05_one_launch);
-    for (GroupedStep step : {GroupedStep::masked_store, GroupedStep::device_tensor_maps, GroupedStep::ragged_tensor_map,
-                             GroupedStep::a_evict_last}) {
+    for (GroupedStep step : kc::ch08::kGroupedSteps) {
       add(kc::ch08::to_string(step), cs, Variant::hopper_step, step);
     }
     add("after", cs, Variant::after);

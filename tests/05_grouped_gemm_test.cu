@@ -264,7 +264,8 @@ TEST(GroupedReference, ElementAndOffsets) {
 // same values).
 TEST(GroupedReference, BenchmarkGroupSizes) {
   using kc::ch05::GroupSizes;
-  for (GroupSizes kind : {GroupSizes::uniform, GroupSizes::zipf, GroupSizes::one_hot, GroupSizes::quarter_empty}) {
+  for (GroupSizes kind :
+       {GroupSizes::uniform, GroupSizes::zipf, GroupSizes::one_hot, GroupSizes::quarter_empty, GroupSizes::ragged}) {
     for (int experts : {1, 3, 8, 256}) {
       for (std::int32_t rows : {0, 1, 100, 8192}) {
         const auto sizes = kc::ch05::group_sizes(kind, experts, rows);
@@ -288,6 +289,13 @@ TEST(GroupedReference, BenchmarkGroupSizes) {
   EXPECT_EQ(holes[1], 43);  // 8192 = 192 × 42 + 128: the first 128 non-empty get 43
   EXPECT_EQ(holes[255], 42);
   EXPECT_EQ(std::count(holes.begin(), holes.end(), 0), 64);
+  // 128 + d(e), d(e) = (37·e mod 39) - 19: expert 0 gets 109, less one of the surplus taken back one
+  // each from expert 0 on; 125 of 256 experts pass 128 rows, as at DeepSeek-V3's prefill.
+  const auto ragged = kc::ch05::group_sizes(GroupSizes::ragged, 256, 32768);
+  EXPECT_EQ(ragged[0], 108);
+  EXPECT_EQ(ragged[1], 145);
+  EXPECT_EQ(ragged[255], 145);
+  EXPECT_EQ(std::count_if(ragged.begin(), ragged.end(), [](std::int32_t s) { return s > 128; }), 125);
   expect_invalid_argument([] { kc::ch05::group_sizes(GroupSizes::uniform, 0, 10); }, "experts (0) must be in");
   // The benchmark's cases: the labels the committed results and tools/chapters.json read.
   std::vector<std::string> labels;

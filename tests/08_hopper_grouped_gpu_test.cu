@@ -35,8 +35,7 @@ using kc::test::grouped::kTolerance;
 using kc::test::grouped::Problem;
 using kc::test::grouped::random_problem;
 
-constexpr GroupedStep kSteps[] = {GroupedStep::masked_store, GroupedStep::device_tensor_maps,
-                                  GroupedStep::ragged_tensor_map, GroupedStep::a_evict_last};
+constexpr auto& kSteps = kc::ch08::kGroupedSteps;
 
 // The sizes the issue names: empty experts between every boundary case of a 128-row tile.
 const std::vector<std::int32_t> kIssueSizes = {0, 0, 1, 63, 64, 65, 127, 128, 129, 0, 255, 256, 257, 1, 0};

@@ -31,8 +31,7 @@ using kc::ch08::kTile;
 using kc::test::expect_invalid_argument;
 using bf16 = __nv_bfloat16;
 
-constexpr GroupedStep kAllSteps[] = {GroupedStep::masked_store, GroupedStep::device_tensor_maps,
-                                     GroupedStep::ragged_tensor_map, GroupedStep::a_evict_last};
+constexpr auto& kAllSteps = kc::ch08::kGroupedSteps;
 constexpr std::int64_t k2to30 = std::int64_t{1} << 30;
 
 // A fake device address: validation and the map arithmetic only look at the number.
@@ -458,7 +457,7 @@ TEST_F(HopperGroupedRules, EpilogueAndStepValues) {
     expect_invalid_argument([&] { validate(); }, "epilogue.kind (" + std::to_string(kind) + ") is not an EpilogueKind");
   }
   epilogue = {};
-  for (int step : {-1, 4, 7}) {
+  for (int step : {-1, 5, 7}) {
     expect_invalid_argument([&] { validate(static_cast<GroupedStep>(step)); },
                             "step (" + std::to_string(step) + ") is not a GroupedStep");
   }
@@ -610,6 +609,7 @@ TEST(HopperGroupedSteps, Names) {
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::device_tensor_maps), "step2_device_tensor_maps");
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::ragged_tensor_map), "step3_ragged_tensor_map");
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::a_evict_last), "step4_a_evict_last");
+  EXPECT_STREQ(kc::ch08::to_string(GroupedStep::block_per_tile), "step5_block_per_tile");
   EXPECT_EQ(kc::ch08::kAfterStep, GroupedStep::a_evict_last);
   EXPECT_FALSE(kc::ch08::uses_tma_store(GroupedStep::masked_store));
   EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::device_tensor_maps));
@@ -619,7 +619,10 @@ TEST(HopperGroupedSteps, Names) {
   EXPECT_FALSE(kc::ch08::uses_ragged_map(GroupedStep::device_tensor_maps));
   EXPECT_TRUE(kc::ch08::uses_ragged_map(GroupedStep::ragged_tensor_map));
   EXPECT_TRUE(kc::ch08::uses_ragged_map(GroupedStep::a_evict_last));
-  for (int step : {-1, 4, 100}) {
+  EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::block_per_tile));
+  EXPECT_TRUE(kc::ch08::uses_ragged_map(GroupedStep::block_per_tile));
+  EXPECT_EQ(std::size(kc::ch08::kGroupedSteps), 5u);
+  for (int step : {-1, 5, 100}) {
     expect_invalid_argument([step] { kc::ch08::to_string(static_cast<GroupedStep>(step)); },
                             "step (" + std::to_string(step) + ") is not a GroupedStep");
   }

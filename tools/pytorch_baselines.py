@@ -736,8 +736,9 @@ def _share_uniformly(sizes: List[int], takes: List[bool], rows: int) -> None:
 def ch05_group_sizes(kind: str, experts: int, rows: int) -> List[int]:
     """The benchmark's group sizes, exactly as kc::ch05::group_sizes computes them: "uniform",
     "zipf" (floor(rows * (1/(e+1)) / H), H the harmonic sum, the remainder one each from expert 0),
-    "one_hot" (half to expert 0, the rest uniformly) and "quarter_empty" (experts 0, 4, 8, ... get
-    none). They sum to ``rows``."""
+    "one_hot" (half to expert 0, the rest uniformly), "quarter_empty" (experts 0, 4, 8, ... get
+    none) and "ragged" (rows // E + (37 e mod 39) - 19, clamped at 0, the difference one each from
+    expert 0 on). They sum to ``rows``."""
     if experts < 1:
         raise ValueError("experts must be >= 1")
     sizes = [0] * experts
@@ -761,6 +762,19 @@ def ch05_group_sizes(kind: str, experts: int, rows: int) -> List[int]:
         if experts == 1:
             takes[0] = True
         _share_uniformly(sizes, takes, rows)
+    elif kind == "ragged":
+        sizes = [max(0, rows // experts + (37 * e) % 39 - 19) for e in range(experts)]
+        given, e = sum(sizes), 0
+        while given < rows:
+            sizes[e] += 1
+            given += 1
+            e = (e + 1) % experts
+        e = 0
+        while given > rows:
+            if sizes[e] > 0:
+                sizes[e] -= 1
+                given -= 1
+            e = (e + 1) % experts
     else:
         raise ValueError("unknown group sizes kind %r" % kind)
     return sizes
@@ -831,7 +845,8 @@ def ch07_hopper_gemm(env: Env) -> List[CaseResult]:
 # Chapter 8's cases (bench/08_hopper_grouped_gemm_bench.cu): Chapter 5's, plus DeepSeek-V3 down on 256
 # experts and Qwen3-30B-A3B's gate and up (128 experts, N = 2 x 768, K = 2048).
 CH08_CASES = CH05_CASES + [("G256xM128_N7168_K2048", "uniform", 256, 256 * 128, 7168, 2048),
-                           ("G128xM256_N1536_K2048", "uniform", 128, 128 * 256, 1536, 2048)]
+                           ("G128xM256_N1536_K2048", "uniform", 128, 128 * 256, 1536, 2048),
+                           ("E256_M32768_ragged_N4096_K7168", "ragged", 256, 32768, 4096, 7168)]
 
 # The JSON context key under which a C++ benchmark records a case's group sizes: "group_sizes/<case>".
 GROUP_SIZES_KEY = "group_sizes/"

@@ -252,6 +252,10 @@ enum class GroupSizes {
   zipf,           ///< expert e gets floor(rows · (1/(e+1)) / H) with H = Σ 1/(e+1), remainder to the first
   one_hot,        ///< expert 0 gets half the rows, the others share the rest uniformly
   quarter_empty,  ///< every fourth expert (0, 4, 8, …) gets none, the others share the rows uniformly
+  /// rows / E each plus d(e) = (37·e mod 39) − 19, so sizes spread ±19 rows (standard deviation 11)
+  /// around the mean as a random top-8 routing spreads them at prefill (DeepSeek-V3 at T = 4096:
+  /// 128 ± 11); clamped at 0, the difference to rows one each from expert 0 on
+  ragged,
 };
 
 /// Host group sizes of @p kind for @p rows rows over @p experts experts; they sum to @p rows.
@@ -270,8 +274,8 @@ struct GroupedCase {
 GroupedCase uniform_case(int experts, std::int32_t rows_per_expert, std::int64_t n, std::int64_t k,
                          const std::string& prefix = "");
 
-/// @p rows rows over @p experts experts by @p kind (zipf, one_hot or quarter_empty), labelled
-/// `E<experts>_M<rows>_<zipf|hot|empty25>_N<n>_K<k>`.
+/// @p rows rows over @p experts experts by @p kind (zipf, one_hot, quarter_empty or ragged), labelled
+/// `E<experts>_M<rows>_<zipf|hot|empty25|ragged>_N<n>_K<k>`.
 GroupedCase skewed_case(GroupSizes kind, int experts, std::int32_t rows, std::int64_t n, std::int64_t k);
 
 /// The chapter's eight benchmark cases: DeepSeek-V3 up (N 4096, K 7168) as G8×4096, G32×256,

@@ -142,6 +142,21 @@ std::vector<std::int32_t> group_sizes(GroupSizes kind, int experts, std::int32_t
       share_uniformly(sizes, takes, rows);
       break;
     }
+    case GroupSizes::ragged: {
+      std::int64_t given = 0;
+      for (int e = 0; e < experts; ++e) {
+        sizes[e] = std::max(0, rows / experts + (37 * e) % 39 - 19);
+        given += sizes[e];
+      }
+      for (int e = 0; given < rows; e = (e + 1) % experts, ++given) ++sizes[e];
+      for (int e = 0; given > rows; e = (e + 1) % experts) {
+        if (sizes[e] > 0) {
+          --sizes[e];
+          --given;
+        }
+      }
+      break;
+    }
   }
   return sizes;
 }
@@ -159,7 +174,10 @@ GroupedCase uniform_case(int experts, std::int32_t rows_per_expert, std::int64_t
 
 GroupedCase skewed_case(GroupSizes kind, int experts, std::int32_t rows, std::int64_t n, std::int64_t k) {
   if (kind == GroupSizes::uniform) throw InvalidArgument("kind must be a skewed distribution (uniform_case)");
-  const char* name = kind == GroupSizes::zipf ? "zipf" : kind == GroupSizes::one_hot ? "hot" : "empty25";
+  const char* name = kind == GroupSizes::zipf            ? "zipf"
+                     : kind == GroupSizes::one_hot       ? "hot"
+                     : kind == GroupSizes::quarter_empty ? "empty25"
+                                                         : "ragged";
   GroupedCase cs;
   std::ostringstream label;
   label << "E" << experts << "_M" << rows << "_" << name << "_N" << n << "_K" << k;

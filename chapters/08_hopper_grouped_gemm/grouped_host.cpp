@@ -28,6 +28,7 @@ const char* to_string(GroupedStep step) {
     case GroupedStep::device_tensor_maps: return "step2_device_tensor_maps";
     case GroupedStep::ragged_tensor_map: return "step3_ragged_tensor_map";
     case GroupedStep::a_evict_last: return "step4_a_evict_last";
+    case GroupedStep::block_per_tile: return "step5_block_per_tile";
   }
   throw InvalidArgument("step (" + std::to_string(static_cast<int>(step)) + ") is not a GroupedStep");
 }

@@ -2,7 +2,8 @@
 /// @brief The kernel of every step of Chapter 8: Chapter 7's persistent warp-specialized GEMM (step 4's
 /// roles, step 6's staged TMA store) walking the tiles of all experts, each tile's expert found on the
 /// device. The template arguments pick the step (how a tile's store stops at its expert's end; step
-/// 4 also loads the A rows of one-m-tile experts evict-last) and whether the epilogue is SwiGLU.
+/// 4 also loads the A rows of one-m-tile experts evict-last; step 5 is step 4 launched with a block per
+/// tile, so each block's loop runs once) and whether the epilogue is SwiGLU.
 ///
 ///   producer warpgroup (one thread)           consumer warpgroups 0 and 1 (64 rows each)
 ///   for each tile t = block, block + grid, ...:   for each tile, the same t:
@@ -18,6 +19,9 @@
 /// The pipeline's ring of stages runs on across tiles and across experts: an expert boundary costs
 /// nothing but the lookup (a binary search over the tile prefix, in L1 after the first tile).
 #pragma once
+
+#include <algorithm>
+#include <limits>
 
 #include "grouped_launch.hpp"
 // Angle brackets: the exercise build puts the skeleton's grouped_tiles.hpp first on the include path.
@@ -70,7 +74,7 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap c_map, const GroupedArgs args) {
   constexpr bool kTmaStore = uses_tma_store(kStep);
-  constexpr bool kKeepA = kStep == GroupedStep::a_evict_last;
+  constexpr bool kKeepA = kStep == GroupedStep::a_evict_last || kStep == GroupedStep::block_per_tile;
   constexpr EpilogueKind kKind = kSwiglu ? EpilogueKind::swiglu : EpilogueKind::plain;
   constexpr int kConsumerWarps = kTile.consumer_warpgroups * kWarpgroupThreads / 32;
   constexpr int kProducerRegisters = 40;
@@ -280,7 +284,8 @@ __global__ void __launch_bounds__(kTile.threads(), 1)
 }
 
 /// Enqueues grouped_gemm_kernel<kStep, kSwiglu, kGather>: the shared-memory opt-in and the SM count once
-/// per device, then a persistent grid of min(SMs, @p tile_bound) blocks.
+/// per device, then a persistent grid of min(SMs, @p tile_bound) blocks, or for step 5 a block per
+/// tile (@p tile_bound blocks; those past the real tile count exit at once).
 template <GroupedStep kStep, bool kSwiglu, bool kGather = false>
 void launch_grouped_kernel(const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                            const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream) {
@@ -291,7 +296,9 @@ void launch_grouped_kernel(const CUtensorMap& a_map, const CUtensorMap& w_map, c
     check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     return count;
   });
-  const int grid = ch07::persistent_grid(tile_bound, sms);
+  const int grid = kStep == GroupedStep::block_per_tile
+                       ? static_cast<int>(std::clamp<std::int64_t>(tile_bound, 1, std::numeric_limits<int>::max()))
+                       : ch07::persistent_grid(tile_bound, sms);
   grouped_gemm_kernel<kStep, kSwiglu, kGather>
       <<<grid, kTile.threads(), kTile.smem_bytes(), stream>>>(a_map, w_map, c_map, args);
   check_launch();

@@ -65,8 +65,9 @@ void launch_expert_prefix(const std::int32_t* offsets, int experts, int m_total,
                           cudaStream_t stream);
 
 /// Enqueues the grouped GEMM kernel of @p step on @p stream, a persistent grid of at most one block
-/// per SM and at most @p tile_bound blocks (the most tiles any group sizes could give). @p c_map is
-/// steps 3 and 4's rank-3 ragged map (ignored by steps 1 and 2). @p swiglu picks the SwiGLU epilogue.
+/// per SM and at most @p tile_bound blocks (the most tiles any group sizes could give), or for step 5
+/// @p tile_bound blocks. @p c_map is steps 3 to 5's rank-3 ragged map (ignored by steps 1 and 2).
+/// @p swiglu picks the SwiGLU epilogue.
 void launch_grouped(GroupedStep step, bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map,
                     const CUtensorMap& c_map, const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
 
@@ -82,6 +83,10 @@ void launch_step3(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_ma
 
 /// Step 4's launcher (step4_a_evict_last.cu), as launch_step3.
 void launch_step4(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
+                  const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
+
+/// Step 5's launcher (step5_block_per_tile.cu), as launch_step3: a block per tile.
+void launch_step5(bool swiglu, const CUtensorMap& a_map, const CUtensorMap& w_map, const CUtensorMap& c_map,
                   const GroupedArgs& args, std::int64_t tile_bound, cudaStream_t stream);
 
 /// The gathering kernel's launcher (gather_rows.cu): step 4's kernel with A's rows loaded one by one

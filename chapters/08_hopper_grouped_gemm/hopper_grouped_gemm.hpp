@@ -14,8 +14,8 @@
 ///   - row_scale:  C[r] = row_scale[r] · acc                   (n_out = N; the routing weight)
 ///
 /// The steps (each its own kernel and benchmark variant): the first three are the ways of stopping a
-/// tile at its expert's last row, the fourth what the L2 keeps; all share the persistent
-/// warp-specialized kernel (grouped_kernel.cuh):
+/// tile at its expert's last row, the fourth what the L2 keeps, the fifth when tiles that share a W
+/// box run; all share the warp-specialized kernel (grouped_kernel.cuh):
 ///   1. step1_masked_store.cu       one tensor map over A and one over W; a tile's loads may run past its
 ///                                  expert (harmless), and its stores go from registers, masked.
 ///   2. step2_device_tensor_maps.cu a store map per expert, written on the device by the prefix kernel
@@ -24,6 +24,8 @@
 ///                                  check end each expert (no device writes, no fences).
 ///   4. step4_a_evict_last.cu       step 3, with the A rows of experts of one m-tile loaded evict-last
 ///                                  in L2, so the weights streaming past do not push them out.
+///   5. step5_block_per_tile.cu     step 4's kernel with a block per tile instead of a persistent grid:
+///                                  the GPU starts the blocks in tile order as SMs free up.
 /// The chapter's `after` (grouped_gemm_hopper) runs kAfterStep.
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):
@@ -82,14 +84,20 @@ enum class GroupedStep {
   device_tensor_maps,  ///< step 2: TMA stores through per-expert maps written on the device
   ragged_tensor_map,   ///< step 3: TMA stores through one rank-3 map that clips at each expert's end
   a_evict_last,        ///< step 4: step 3, with the A rows of one-m-tile experts loaded evict-last in L2
+  block_per_tile,      ///< step 5: step 4, a block per tile (the GPU's block order) instead of a persistent grid
 };
+
+/// Every step, in order.
+inline constexpr GroupedStep kGroupedSteps[] = {GroupedStep::masked_store, GroupedStep::device_tensor_maps,
+                                                GroupedStep::ragged_tensor_map, GroupedStep::a_evict_last,
+                                                GroupedStep::block_per_tile};
 
 /// The step grouped_gemm_hopper runs.
 inline constexpr GroupedStep kAfterStep = GroupedStep::a_evict_last;
 
 /// The benchmark variant name of @p step: "step1_masked_store", "step2_device_tensor_maps",
-/// "step3_ragged_tensor_map", "step4_a_evict_last". Throws kc::InvalidArgument for a value that is
-/// not a GroupedStep.
+/// "step3_ragged_tensor_map", "step4_a_evict_last", "step5_block_per_tile". Throws kc::InvalidArgument for a value that
+/// is not a GroupedStep.
 const char* to_string(GroupedStep step);
 
 /// True when @p step stores C through TMA (and so needs n_out a multiple of 8 and c 16-byte aligned).
@@ -97,7 +105,8 @@ __host__ __device__ constexpr bool uses_tma_store(GroupedStep step) { return ste
 
 /// True when @p step stores through step 3's rank-3 ragged map.
 __host__ __device__ constexpr bool uses_ragged_map(GroupedStep step) {
-  return step == GroupedStep::ragged_tensor_map || step == GroupedStep::a_evict_last;
+  return step == GroupedStep::ragged_tensor_map || step == GroupedStep::a_evict_last ||
+         step == GroupedStep::block_per_tile;
 }
 
 /// Columns of C: N, or N / 2 for swiglu.

@@ -13,6 +13,7 @@ void launch_grouped(GroupedStep step, bool swiglu, const CUtensorMap& a_map, con
     case GroupedStep::device_tensor_maps: launch_step2(swiglu, a_map, w_map, args, tile_bound, stream); return;
     case GroupedStep::ragged_tensor_map: launch_step3(swiglu, a_map, w_map, c_map, args, tile_bound, stream); return;
     case GroupedStep::a_evict_last: launch_step4(swiglu, a_map, w_map, c_map, args, tile_bound, stream); return;
+    case GroupedStep::block_per_tile: launch_step5(swiglu, a_map, w_map, c_map, args, tile_bound, stream); return;
   }
 }
 

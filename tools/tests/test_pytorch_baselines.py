@@ -254,7 +254,10 @@ class Ch05HelpersTest(unittest.TestCase):
         holes = pb.ch05_group_sizes("quarter_empty", 256, 8192)
         self.assertEqual((holes[0], holes[4], holes[1], holes[255]), (0, 0, 43, 42))
         self.assertEqual(holes.count(0), 64)
-        for kind in ("uniform", "zipf", "one_hot", "quarter_empty"):
+        ragged = pb.ch05_group_sizes("ragged", 256, 32768)
+        self.assertEqual((ragged[0], ragged[1], ragged[255]), (108, 145, 145))
+        self.assertEqual(sum(1 for s in ragged if s > 128), 125)
+        for kind in ("uniform", "zipf", "one_hot", "quarter_empty", "ragged"):
             for experts in (1, 3, 8, 256):
                 for rows in (0, 1, 100, 8192):
                     sizes = pb.ch05_group_sizes(kind, experts, rows)
@@ -300,7 +303,8 @@ class Ch08HelpersTest(unittest.TestCase):
     # bench/08_hopper_grouped_gemm_bench.cu's cases.
     CPP_LABELS = ["G8xM4096_N4096_K7168", "G32xM256_N4096_K7168", "G256xM128_N4096_K7168", "G8xM4096_N7168_K2048",
                   "G256xM128_N7168_K2048", "G8xM4096_N28672_K4096", "G128xM256_N1536_K2048",
-                  "E256_M8192_zipf_N4096_K7168", "E256_M8192_hot_N4096_K7168", "E256_M8192_empty25_N4096_K7168"]
+                  "E256_M8192_zipf_N4096_K7168", "E256_M8192_hot_N4096_K7168", "E256_M8192_empty25_N4096_K7168",
+                  "E256_M32768_ragged_N4096_K7168"]
 
     def test_cases_match_the_cpp_benchmark(self):
         labels = [c[0] for c in pb.CH08_CASES]
