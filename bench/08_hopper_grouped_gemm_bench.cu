@@ -148,7 +148,7 @@ void bench_case(benchmark::State& state, const GroupedCase& cs, Variant variant,
         kc::ch08::grouped_gemm_hopper(s, a, w, c, offsets, plain, workspace.data(), workspace.size(), stream);
         break;
       case Variant::row_major_order:
-        kc::ch08::detail::grouped_gemm_hopper_ordered(kc::ch08::kAfterStep, 1, s, a, w, c, offsets, plain,
+        kc::ch08::detail::grouped_gemm_hopper_ordered(kc::ch08::after_step(s), 1, s, a, w, c, offsets, plain,
                                                       workspace.data(), workspace.size(), stream);
         break;
       case Variant::cublas_loop: kc::ch05::cublas_grouped_loop(cublas, s, a, w, c, host_offsets, stream); break;
@@ -241,7 +241,8 @@ void register_benchmarks(const kc::DeviceInfo& device) {
   kc::bench::check_case_labels(labels);
   const bool wide_tile = kc::ch05::grouped_tile_supported(kc::ch05::GroupedTile::wide_128x256);
 
-  auto add = [](const std::string& variant, const GroupedCase& cs, Variant v, GroupedStep step = kc::ch08::kAfterStep) {
+  auto add = [](const std::string& variant, const GroupedCase& cs, Variant v,
+                GroupedStep step = GroupedStep::a_evict_last) {
     const std::string name = "ch08/" + variant + "/" + cs.label;
     kc::bench::configure(benchmark::RegisterBenchmark(
         name.c_str(), [cs, v, step](benchmark::State& st) { bench_case(st, cs, v, step); }));

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -46,7 +47,7 @@ struct StepRun {
   std::size_t guard_damage = 0;
 };
 
-StepRun run_step(const Problem& p, GroupedStep step, const GroupedEpilogue& epilogue = {},
+StepRun run_step(const Problem& p, std::optional<GroupedStep> step, const GroupedEpilogue& epilogue = {},
                  const std::vector<float>* row_scale = nullptr) {
   const DeviceProblem d(p);
   kc::DeviceBuffer<unsigned char> workspace(kc::ch08::grouped_gemm_hopper_workspace_bytes(p.shape));
@@ -55,8 +56,13 @@ StepRun run_step(const Problem& p, GroupedStep step, const GroupedEpilogue& epil
   if (e.kind == EpilogueKind::row_scale) e.row_scale = scale.data();
   const std::int64_t n_out = kc::ch08::output_columns(p.shape.n, e.kind);
   kc::test::GuardedOutput<bf16> c(static_cast<std::size_t>(p.shape.m_total * n_out));
-  kc::ch08::grouped_gemm_hopper_step(step, p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), e,
-                                     workspace.data(), workspace.size());
+  if (step) {
+    kc::ch08::grouped_gemm_hopper_step(*step, p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), e,
+                                       workspace.data(), workspace.size());
+  } else {
+    kc::ch08::grouped_gemm_hopper(p.shape, d.a.data(), d.w.data(), c.data(), d.offsets.data(), e, workspace.data(),
+                                  workspace.size());
+  }
   kc::check(cudaDeviceSynchronize());
   return {c.to_host(), c.guard_damage()};
 }
@@ -86,16 +92,18 @@ bool same_bytes(const std::vector<bf16>& x, const std::vector<bf16>& y) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(bf16)) == 0;
 }
 
-// Every step on one problem: fp64 (sampled, rows past offsets[E] still poisoned), no guard damage,
-// every step bitwise equal to step 1 and to the loop, Chapter 5 within tolerance.
+// Every step and `after` on one problem: fp64 (sampled, rows past offsets[E] still poisoned), no guard
+// damage, every one bitwise equal to step 1 and to the loop, Chapter 5 within tolerance.
 void check_every_step(const Problem& p, std::uint64_t seed) {
   const std::vector<bf16> loop = run_loop(p);
   const std::vector<bf16> ch05 = run_ch05(p);
   expect_matches_fp64(p, loop, seed);
   const std::vector<double> ch05_d = kc::ref::widen(std::span<const bf16>(ch05));
   std::vector<bf16> first;
-  for (GroupedStep step : kSteps) {
-    SCOPED_TRACE(kc::ch08::to_string(step));
+  std::vector<std::optional<GroupedStep>> runs(std::begin(kSteps), std::end(kSteps));
+  runs.push_back(std::nullopt);  // `after`: the step after_step picks
+  for (const std::optional<GroupedStep>& step : runs) {
+    SCOPED_TRACE(step ? kc::ch08::to_string(*step) : "after");
     const StepRun run = run_step(p, step);
     EXPECT_EQ(run.guard_damage, 0u) << "wrote past the end of c";
     expect_matches_fp64(p, run.c, seed);
@@ -152,6 +160,18 @@ TEST_F(HopperGroupedGpu, TinyAndLargeGroups) {
   std::vector<std::int32_t> sizes(64);
   for (int e = 0; e < 64; ++e) sizes[e] = e % 4 == 0 ? 0 : 4096 / (e + 1) + (e == 1 ? 3000 : 0);
   check_every_step(random_problem(sizes, 4096, 1024, seed), seed);
+}
+
+// `after` on either side of its rule: fewer than 256 rows per expert on average (step 5), and more
+// (step 4).
+TEST_F(HopperGroupedGpu, AfterOnEitherSideOfItsRule) {
+  const std::uint64_t seed = kc::test::test_seed();
+  const Problem few = random_problem({130, 0, 1, 257, 64}, 136, 72, seed, 2);
+  const Problem many = random_problem({300, 0, 513}, 136, 72, seed, 2);
+  ASSERT_EQ(kc::ch08::after_step(few.shape), GroupedStep::block_per_tile);
+  ASSERT_EQ(kc::ch08::after_step(many.shape), GroupedStep::a_evict_last);
+  check_every_step(few, seed);
+  check_every_step(many, seed);
 }
 
 // Every expert empty: nothing written, by any step (and no hang: the kernel sees 0 tiles).

@@ -358,12 +358,12 @@ struct HopperGroupedRules : ::testing::Test {
   GroupedGemmShape shape{4, 16, 8, 2};
   GroupedEpilogue epilogue{};
   std::size_t bytes = kc::ch08::grouped_gemm_hopper_workspace_bytes(shape);
-  void validate(GroupedStep step = kc::ch08::kAfterStep) const { validate_with(shape, m.c, m.workspace, step); }
+  void validate(GroupedStep step = GroupedStep::a_evict_last) const { validate_with(shape, m.c, m.workspace, step); }
   void validate_with_a(const bf16* a) const {
     kc::ch08::validate_grouped_gemm_hopper(shape, a, m.w, m.c, m.offsets, epilogue, m.workspace, bytes);
   }
   void validate_with(const GroupedGemmShape& s, const bf16* c, const void* workspace,
-                     GroupedStep step = kc::ch08::kAfterStep) const {
+                     GroupedStep step = GroupedStep::a_evict_last) const {
     kc::ch08::validate_grouped_gemm_hopper(s, m.a, m.w, c, m.offsets, epilogue, workspace, bytes, step);
   }
 };
@@ -384,8 +384,8 @@ TEST_F(HopperGroupedRules, TheOrderProbeNeedsABandOfAtLeastOneMTile) {
   for (int group_m : {0, -1}) {
     expect_invalid_argument(
         [&] {
-          kc::ch08::detail::grouped_gemm_hopper_ordered(kc::ch08::kAfterStep, group_m, shape, m.a, m.w, m.c, m.offsets,
-                                                        epilogue, m.workspace, bytes, nullptr);
+          kc::ch08::detail::grouped_gemm_hopper_ordered(GroupedStep::a_evict_last, group_m, shape, m.a, m.w, m.c,
+                                                        m.offsets, epilogue, m.workspace, bytes, nullptr);
         },
         "group_m (" + std::to_string(group_m) + ") must be at least 1");
   }
@@ -416,10 +416,10 @@ TEST(HopperGroupedRulesLimits, MTotalAndExpertsTimesN) {
                                            fake<const bf16>(3ull << 40), fake<const std::int32_t>(4ull << 40), {},
                                            fake<const void>(5ull << 40), 1 << 20, step);
   };
-  EXPECT_NO_THROW(call({k2to30, 8, 8, 1}, kc::ch08::kAfterStep)) << "M_total = 2^30 is allowed";
+  EXPECT_NO_THROW(call({k2to30, 8, 8, 1}, GroupedStep::a_evict_last)) << "M_total = 2^30 is allowed";
   expect_invalid_argument(
       [&] {
-        call({k2to30 + 1, 8, 8, 1}, kc::ch08::kAfterStep);
+        call({k2to30 + 1, 8, 8, 1}, GroupedStep::a_evict_last);
       },
       "shape.m_total (1073741825) must be at most 2^30");
   expect_invalid_argument(
@@ -428,10 +428,10 @@ TEST(HopperGroupedRulesLimits, MTotalAndExpertsTimesN) {
       },
       "shape.m_total (1073741825) must be at most 2^30");
   // A tile's second W box starts up to 128 rows past W's last row, at an int coordinate.
-  EXPECT_NO_THROW(call({1, 0x7FFFFF00, 8, 1}, kc::ch08::kAfterStep)) << "E * N = 2^31 - 256";
+  EXPECT_NO_THROW(call({1, 0x7FFFFF00, 8, 1}, GroupedStep::a_evict_last)) << "E * N = 2^31 - 256";
   expect_invalid_argument(
       [&] {
-        call({1, 0x7FFFFF08, 8, 1}, kc::ch08::kAfterStep);
+        call({1, 0x7FFFFF08, 8, 1}, GroupedStep::a_evict_last);
       },
       "shape.experts * shape.n (2147483400) must be at most 2^31 - 256");
   expect_invalid_argument(
@@ -441,7 +441,7 @@ TEST(HopperGroupedRulesLimits, MTotalAndExpertsTimesN) {
       "shape.experts * shape.n (2147483647) must be at most 2^31 - 256");
   expect_invalid_argument(
       [&] {
-        call({1, k2to30, 8, 2}, kc::ch08::kAfterStep);
+        call({1, k2to30, 8, 2}, GroupedStep::a_evict_last);
       },
       "shape.experts * shape.n (2147483648) must be at most 2^31 - 256");
   expect_invalid_argument(
@@ -498,7 +498,7 @@ TEST_F(HopperGroupedRules, TmaStoreNeedsWholeRowsAndAlignedC) {
     EXPECT_NO_THROW(validate_with(shape, m.c + shift, m.workspace, GroupedStep::masked_store));
   }
   EXPECT_NO_THROW(validate_with(shape, m.c + 8, m.workspace)) << "16 bytes in is aligned";
-  // The default step is kAfterStep, a TMA store.
+  // The default step is step 4, a TMA store, whose rules `after` obeys at every shape.
   expect_invalid_argument([&] { validate_with(shape, m.c + 1, m.workspace); }, "c must be 16-byte aligned");
 }
 
@@ -545,7 +545,7 @@ TEST_F(HopperGroupedRules, GatheredA) {
   // there would overlap C. The launch passes a.x_rows to Chapter 8's overlap rules.
   const bf16* x_before_c = m.w + (sizeof m.w / sizeof(bf16)) - 8;  // W's last 16 bytes, right before C
   EXPECT_NO_THROW(kc::ch08::validate_grouped_gemm_hopper(shape, x_before_c, m.w, m.c, m.offsets, epilogue, m.workspace,
-                                                         bytes, kc::ch08::kAfterStep, 1));
+                                                         bytes, GroupedStep::a_evict_last, 1));
   expect_invalid_argument([&] { validate_with_a(x_before_c); }, "c must not overlap a");
   expect_invalid_argument(
       [&] {
@@ -610,7 +610,6 @@ TEST(HopperGroupedSteps, Names) {
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::ragged_tensor_map), "step3_ragged_tensor_map");
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::a_evict_last), "step4_a_evict_last");
   EXPECT_STREQ(kc::ch08::to_string(GroupedStep::block_per_tile), "step5_block_per_tile");
-  EXPECT_EQ(kc::ch08::kAfterStep, GroupedStep::a_evict_last);
   EXPECT_FALSE(kc::ch08::uses_tma_store(GroupedStep::masked_store));
   EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::device_tensor_maps));
   EXPECT_TRUE(kc::ch08::uses_tma_store(GroupedStep::ragged_tensor_map));
@@ -626,6 +625,24 @@ TEST(HopperGroupedSteps, Names) {
     expect_invalid_argument([step] { kc::ch08::to_string(static_cast<GroupedStep>(step)); },
                             "step (" + std::to_string(step) + ") is not a GroupedStep");
   }
+}
+
+// after_step: step 5 while the experts average fewer than two m-tiles of 128 rows, step 4 from two on.
+TEST(HopperGroupedSteps, AfterPicksTheStepByRowsPerExpert) {
+  using kc::ch08::after_step;
+  EXPECT_EQ(after_step({0, 4096, 7168, 256}), GroupedStep::block_per_tile) << "no rows";
+  EXPECT_EQ(after_step({32768, 4096, 7168, 256}), GroupedStep::block_per_tile) << "128 rows per expert";
+  EXPECT_EQ(after_step({36864, 4096, 7168, 257}), GroupedStep::block_per_tile)
+      << "DeepSeek-V3 prefill with its shared expert as expert 257";
+  EXPECT_EQ(after_step({2 * 128 * 32 - 1, 4096, 7168, 32}), GroupedStep::block_per_tile) << "one row short of two";
+  EXPECT_EQ(after_step({2 * 128 * 32, 4096, 7168, 32}), GroupedStep::a_evict_last) << "two m-tiles per expert";
+  EXPECT_EQ(after_step({32768, 1536, 2048, 128}), GroupedStep::a_evict_last) << "Qwen3-30B-A3B prefill";
+  EXPECT_EQ(after_step({8192, 28672, 4096, 8}), GroupedStep::a_evict_last) << "Mixtral prefill";
+  EXPECT_EQ(after_step({std::int64_t{1} << 30, 8, 8, 1024}), GroupedStep::a_evict_last) << "the largest M_total";
+  // Both have the same rules, so `after` validates as step 4 whichever it runs.
+  EXPECT_EQ(kc::ch08::uses_tma_store(GroupedStep::a_evict_last), kc::ch08::uses_tma_store(GroupedStep::block_per_tile));
+  EXPECT_EQ(kc::ch08::uses_ragged_map(GroupedStep::a_evict_last),
+            kc::ch08::uses_ragged_map(GroupedStep::block_per_tile));
 }
 
 // The launch functions check every rule before any CUDA call: without a GPU a CUDA call would throw

@@ -130,7 +130,7 @@ void grouped_gemm_hopper_step(GroupedStep step, const GroupedGemmShape& shape, c
 void grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
                          __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
                          void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  grouped_gemm_hopper_step(kAfterStep, shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
+  grouped_gemm_hopper_step(after_step(shape), shape, a, w, c, offsets, epilogue, workspace, workspace_bytes, stream);
 }
 
 void validate_gathered_a(const GroupedGemmShape& shape, const GatheredA& a, const __nv_bfloat16* c,
@@ -220,9 +220,11 @@ void grouped_gemm_hopper_gather(const GroupedGemmShape& shape, const GatheredA& 
                                 __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
                                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   validate_gathered_a(shape, a, c, output_columns(shape.n, epilogue.kind));
-  validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes, kAfterStep, a.x_rows);
+  // The gathering kernel is step 4's kernel with A's loads changed: step 4's rules and store.
+  validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes,
+                               GroupedStep::a_evict_last, a.x_rows);
   if (shape.m_total == 0) return;
-  enqueue_grouped(kAfterStep, kGroupM, shape, nullptr, &a, w, c, offsets, epilogue, workspace, stream);
+  enqueue_grouped(GroupedStep::a_evict_last, kGroupM, shape, nullptr, &a, w, c, offsets, epilogue, workspace, stream);
 }
 
 }  // namespace kc::ch08

@@ -26,7 +26,8 @@
 ///                                  in L2, so the weights streaming past do not push them out.
 ///   5. step5_block_per_tile.cu     step 4's kernel with a block per tile instead of a persistent grid:
 ///                                  the GPU starts the blocks in tile order as SMs free up.
-/// The chapter's `after` (grouped_gemm_hopper) runs kAfterStep.
+/// The chapter's `after` (grouped_gemm_hopper) runs step 4 or step 5, whichever after_step picks for
+/// the shape.
 ///
 /// Rules (checked on the host before any CUDA call; kc::InvalidArgument names the broken one):
 ///   - Chapter 5's (validate_grouped_gemm): M_total in [0, 2^31 - 1], N and K in [1, 2^31 - 1], K a
@@ -92,8 +93,17 @@ inline constexpr GroupedStep kGroupedSteps[] = {GroupedStep::masked_store, Group
                                                 GroupedStep::ragged_tensor_map, GroupedStep::a_evict_last,
                                                 GroupedStep::block_per_tile};
 
-/// The step grouped_gemm_hopper runs.
-inline constexpr GroupedStep kAfterStep = GroupedStep::a_evict_last;
+/// The step grouped_gemm_hopper runs for @p shape: step 5 when the experts average fewer than two
+/// m-tiles of rows (M_total < 2 · 128 · E), step 4 otherwise. With so few rows per expert most W boxes
+/// have one or two reader tiles and the weight stream sets the pace: what counts is that the two
+/// readers of a box run together (step 5). With more rows each W box serves several m-tiles that the
+/// grouped tile order already puts in one round, the math sets the pace, and the persistent loop's
+/// overlap of a tile's epilogue with the next tile's loads counts more (step 4). Steps 4 and 5 have
+/// the same rules.
+constexpr GroupedStep after_step(const GroupedGemmShape& shape) {
+  return shape.m_total < std::int64_t{2} * ch05::kBlockM * shape.experts ? GroupedStep::block_per_tile
+                                                                         : GroupedStep::a_evict_last;
+}
 
 /// The benchmark variant name of @p step: "step1_masked_store", "step2_device_tensor_maps",
 /// "step3_ragged_tensor_map", "step4_a_evict_last", "step5_block_per_tile". Throws kc::InvalidArgument for a value that
@@ -121,7 +131,8 @@ __host__ __device__ constexpr std::int64_t output_columns(std::int64_t n, Epilog
 std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape);
 
 /// Checks every rule in this file's description for a launch of @p step except the workspace's; throws
-/// kc::InvalidArgument naming the first one broken: for a kernel that takes no workspace. Host-only.
+/// kc::InvalidArgument naming the first one broken: for a kernel that takes no workspace. The default
+/// step's rules are `after`'s for every shape (steps 4 and 5 share them). Host-only.
 /// @param shape sizes
 /// @param a [M_total, K] permuted tokens
 /// @param w [E, N, K] expert weights
@@ -132,8 +143,8 @@ std::size_t grouped_gemm_hopper_workspace_bytes(const GroupedGemmShape& shape);
 /// @param a_rows rows of the matrix at @p a for the overlap checks (a gathered A's x_rows); -1: M_total
 void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const __nv_bfloat16* a,
                                            const __nv_bfloat16* w, const __nv_bfloat16* c, const std::int32_t* offsets,
-                                           const GroupedEpilogue& epilogue, GroupedStep step = kAfterStep,
-                                           std::int64_t a_rows = -1);
+                                           const GroupedEpilogue& epilogue,
+                                           GroupedStep step = GroupedStep::a_evict_last, std::int64_t a_rows = -1);
 
 /// Checks every rule in this file's description for a launch of @p step; throws kc::InvalidArgument
 /// naming the first one broken, e.g. "the columns of C (770, shape.n / 2) must be a multiple of 8 for
@@ -141,10 +152,10 @@ void validate_grouped_gemm_hopper_operands(const GroupedGemmShape& shape, const 
 /// validate_grouped_gemm_hopper_operands.
 void validate_grouped_gemm_hopper(const GroupedGemmShape& shape, const __nv_bfloat16* a, const __nv_bfloat16* w,
                                   const __nv_bfloat16* c, const std::int32_t* offsets, const GroupedEpilogue& epilogue,
-                                  const void* workspace, std::size_t workspace_bytes, GroupedStep step = kAfterStep,
-                                  std::int64_t a_rows = -1);
+                                  const void* workspace, std::size_t workspace_bytes,
+                                  GroupedStep step = GroupedStep::a_evict_last, std::int64_t a_rows = -1);
 
-/// After: every expert in one persistent launch (after the prefix kernel), with kAfterStep's store.
+/// After: every expert in one launch (after the prefix kernel), of the step after_step(shape) picks.
 /// @param shape sizes (N is W's rows per expert; C has output_columns(N, epilogue.kind) columns)
 /// @param a [M_total, K] permuted tokens, 16-byte aligned
 /// @param w [E, N, K] expert weights, 16-byte aligned

@@ -110,8 +110,8 @@ void grouped_gemm_decode_gather(const GroupedGemmShape& shape, const ch08::Gathe
   // a.x, of a.x_rows rows, plays A's part in both kernels' rules.
   ch08::validate_gathered_a(shape, a, c, ch08::output_columns(shape.n, epilogue.kind));
   validate_swap_ab(shape, a.x, w, c, offsets, epilogue, a.x_rows);
-  ch08::validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes, ch08::kAfterStep,
-                                     a.x_rows);
+  ch08::validate_grouped_gemm_hopper(shape, a.x, w, c, offsets, epilogue, workspace, workspace_bytes,
+                                     ch08::GroupedStep::a_evict_last, a.x_rows);
   if (shape.m_total == 0) return;
   if (decode_choice(shape.m_total, shape.experts).swapped) {
     enqueue_swapped(SwapStep::token_tile, shape, nullptr, w, c, offsets, epilogue, stream, &a);

@@ -2,8 +2,8 @@
 // for T <= kRouterDecodeTokens. Chapter 7's GEMM covers [T, E] = [1, 256] with one 128 × 256 tile, so
 // one SM walks all of K and reads the whole router (DeepSeek-V3: 3.7 MB) alone, one K slice after the
 // other. The router at T = 1 is a weight stream, as decode's experts are: here a block per router
-// row reads its row in 16-byte pieces, each thread keeps one fp32 sum per token, and E blocks read
-// the router at once.
+// row reads its row in 16-byte pieces, up to eight per thread in flight at once, each thread keeps
+// one fp32 sum per token, and E blocks read the router at once.
 #include "kc/check.hpp"
 #include "moe_stages.hpp"
 
@@ -13,6 +13,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
+constexpr int kInFlight = 8;  // 16-byte router pieces a thread has in flight at once
 
 // The two bf16 of a 32-bit word as floats: a bf16 is the top half of a float's bits.
 __device__ __forceinline__ float low_bf16(unsigned word) { return __uint_as_float(word << 16); }
@@ -37,11 +38,25 @@ __global__ void __launch_bounds__(kThreads)
   const uint4* w = router + static_cast<std::int64_t>(e) * row_vectors;
   // Token t's sum in sum[t]: a NaN in one token's row stays in that token's logits.
   float sum[kRouterDecodeTokens] = {};
-  for (int v = static_cast<int>(threadIdx.x); v < row_vectors; v += kThreads) {
-    const uint4 wv = __ldg(w + v);  // the router is read once: every piece by one thread
+  // The thread's pieces v = thread + 128 · j, kInFlight at a time: a batch's loads are all issued
+  // before the first is used, so the thread waits for DRAM once per batch, not once per piece (one
+  // batch covers DeepSeek-V3's 7168 columns). The sums still take the pieces in order.
+  for (int base = static_cast<int>(threadIdx.x); base < row_vectors; base += kThreads * kInFlight) {
+    uint4 wv[kInFlight];
 #pragma unroll
-    for (int t = 0; t < kRouterDecodeTokens; ++t) {
-      if (t < tokens) sum[t] = add_dot8(sum[t], wv, __ldg(x + static_cast<std::int64_t>(t) * row_vectors + v));
+    for (int j = 0; j < kInFlight; ++j) {
+      const int v = base + j * kThreads;
+      if (v < row_vectors) wv[j] = __ldg(w + v);  // the router is read once: every piece by one thread
+    }
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const int v = base + j * kThreads;
+#pragma unroll
+      for (int t = 0; t < kRouterDecodeTokens; ++t) {
+        if (v < row_vectors && t < tokens) {
+          sum[t] = add_dot8(sum[t], wv[j], __ldg(x + static_cast<std::int64_t>(t) * row_vectors + v));
+        }
+      }
     }
   }
   // The block's sum in a fixed order (each warp's by shuffles, then warp 0's, 1's, ...): the same
