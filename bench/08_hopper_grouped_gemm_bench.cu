@@ -13,14 +13,15 @@
 // Variants: before (Chapter 7's GEMM launched once per non-empty expert, grouped_gemm_hopper_loop),
 // step0_ch05_one_launch (Chapter 5's `after`: one launch, grouped order, 128 × 256 mma.sync tile),
 // step1_masked_store, step2_device_tensor_maps, step3_ragged_tensor_map, step4_a_evict_last,
-// step5_block_per_tile (grouped_gemm_hopper_step), after (grouped_gemm_hopper), order_row_major (the G8xM4096 cases
-// only: `after` with each expert's tiles walked row by row instead of in bands of 16 m-tiles, to measure what the
-// grouped order saves; the chapter's profile compares the two orders' DRAM bytes), vendor_cublas_loop (cublasGemmEx per
-// expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx), limit (the case's roofline, measured in the same run:
-// device-to-device copies of S = min(fewest bytes / 2, 1 GiB) bytes back to back for at least 20 ms, taking t_copy
-// each, then cuBLAS's GemmEx on one dense matrix of all the experts' rows, rows × N × K, back to back in batches of at
-// least 20 ms, taking t_gemm each, each kind after a batch of it untimed; an iteration's time is the longer of fewest
-// bytes / (2 S / t_copy) and t_gemm). pytorch (torch._grouped_mm) comes from tools/pytorch_baselines.py.
+// step5_block_per_tile (grouped_gemm_hopper_step), after (grouped_gemm_hopper: step 4 or 5, as after_step picks),
+// order_row_major (the G8xM4096 cases only: `after` with each expert's tiles walked row by row instead of in bands
+// of 16 m-tiles, to measure what the grouped order saves; the chapter's profile compares the two orders' DRAM
+// bytes), vendor_cublas_loop (cublasGemmEx per expert), vendor_cublas_grouped (cublasGemmGroupedBatchedEx), limit
+// (the case's roofline, measured in the same run: device-to-device copies of S = min(fewest bytes / 2, 1 GiB) bytes
+// back to back for at least 20 ms, taking t_copy each, then cuBLAS's GemmEx on one dense matrix of all the experts'
+// rows, rows × N × K, back to back in batches of at least 20 ms, taking t_gemm each, each kind after a batch of it
+// untimed; an iteration's time is the longer of fewest bytes / (2 S / t_copy) and t_gemm). pytorch
+// (torch._grouped_mm) comes from tools/pytorch_baselines.py.
 //
 // The loop and cuBLAS variants need the group sizes on the host: the benchmark copies the device
 // offsets to the host once, outside the timed region (a framework pays that copy and a synchronisation

@@ -106,8 +106,8 @@ constexpr GroupedStep after_step(const GroupedGemmShape& shape) {
 }
 
 /// The benchmark variant name of @p step: "step1_masked_store", "step2_device_tensor_maps",
-/// "step3_ragged_tensor_map", "step4_a_evict_last", "step5_block_per_tile". Throws kc::InvalidArgument for a value that
-/// is not a GroupedStep.
+/// "step3_ragged_tensor_map", "step4_a_evict_last", "step5_block_per_tile". Throws kc::InvalidArgument
+/// for a value that is not a GroupedStep.
 const char* to_string(GroupedStep step);
 
 /// True when @p step stores C through TMA (and so needs n_out a multiple of 8 and c 16-byte aligned).

@@ -134,8 +134,8 @@ void moe_layer_before(const MoeConfig& config, std::int64_t tokens, const __nv_b
 ///                        the routed experts', and the combine adds them (no dense GEMMs, no extra add).
 ///   5. gather_in_up:     the up projection loads its token rows from x through the permutation's
 ///                        token_of_row (one-row TMA boxes), in both of Chapter 9's dispatch's kernels:
-///                        no copies at all. Measured slower than step 4 at every size: `after` leaves
-///                        it out.
+///                        no copies at all. At best level with step 4 (decode), and slower the more
+///                        rows a tile has: `after` leaves it out.
 /// `after` is step 4 with the router's decode kernel: at T <= 8 tokens the router logits come from
 /// a kernel of a block per router row, not from Chapter 7's GEMM, whose one tile walks all of K alone.
 enum class MoeStep {
