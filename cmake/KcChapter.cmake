@@ -39,14 +39,15 @@ function(kc_builds_sm90 out_var)
   set(${out_var} ${found} PARENT_SCOPE)
 endfunction()
 
-# Tests that time the GPU, or need all of it, run one at a time: ctest gives every test whose name
-# (Suite.Test, with its parameter) matches this regex the RESOURCE_LOCK gpu_timing, so no other such
-# test runs beside it. Other tests run in parallel (the test presets set the number of jobs).
-# Name a test `...Timing...` (e.g. `SgemmGpuTiming.AfterBeatsBefore`) to give it the lock.
-set(KC_GPU_TIMING_TEST_REGEX "Timing" CACHE STRING "Tests whose name matches this get RESOURCE_LOCK gpu_timing")
+# Tests that time the GPU, or need all of it, run alone: ctest gives every test whose name (Suite.Test,
+# with its parameter) matches this regex the property RUN_SERIAL, so no other test runs beside it (a
+# kernel of another process on the same GPU shares its time slices and stretches the timed launches).
+# Other tests run in parallel (the test presets set the number of jobs).
+# Name a test `...Timing...` (e.g. `SgemmGpuTiming.AfterBeatsBefore`) to make it run alone.
+set(KC_GPU_TIMING_TEST_REGEX "Timing" CACHE STRING "Tests whose name matches this run alone (RUN_SERIAL)")
 
 # kc_discover_tests(target LABELS a;b [GPU_TIMING regex]): registers a GoogleTest program's tests with
-# ctest, labelled, and gives the lock to those matching KC_GPU_TIMING_TEST_REGEX (or GPU_TIMING).
+# ctest, labelled, and makes those matching KC_GPU_TIMING_TEST_REGEX (or GPU_TIMING) run alone.
 function(kc_discover_tests target)
   cmake_parse_arguments(T "" "GPU_TIMING" "LABELS" ${ARGN})
   # PRE_TEST: list the tests when ctest runs, not at build time, so building never needs a GPU.
@@ -56,14 +57,14 @@ function(kc_discover_tests target)
     set(regex "${regex}|${T_GPU_TIMING}")
   endif()
   # Runs in ctest after the discovered tests' file (which sets ${target}_TESTS to their names).
-  set(lock_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_gpu_timing.cmake")
-  file(WRITE "${lock_file}"
+  set(serial_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_run_alone.cmake")
+  file(WRITE "${serial_file}"
     "foreach(kc_test IN LISTS ${target}_TESTS)\n"
     "  if(kc_test MATCHES [==[${regex}]==])\n"
-    "    set_tests_properties(\"\${kc_test}\" PROPERTIES RESOURCE_LOCK gpu_timing)\n"
+    "    set_tests_properties(\"\${kc_test}\" PROPERTIES RUN_SERIAL TRUE)\n"
     "  endif()\n"
     "endforeach()\n")
-  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${lock_file}")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${serial_file}")
 endfunction()
 
 function(kc_add_chapter)

@@ -118,7 +118,7 @@ grep -E "ptxas info|bytes stack frame|spill|Compiling entry" "$logs/build.log" >
 note all "" "## Build (sm_90, warnings as errors): $(($(date +%s) - t0)) s, $(grep -c 'Compiling entry' "$logs/ptxas.txt") kernels compiled"
 
 if [ "$tests" = 1 ]; then
-  step "tests (ctest -j $jobs; tests named *Timing* hold RESOURCE_LOCK gpu_timing)"
+  step "tests (ctest -j $jobs; tests named *Timing* run alone)"
   t0=$(date +%s)
   ctest --test-dir "$build" -L '^common$' -j "$jobs" --timeout 300 --output-on-failure >"$logs/ctest_common.log" 2>&1 ||
     fail all "common tests"
