@@ -1521,8 +1521,8 @@ def counter_text(results: Optional[ChapterResults], name: str) -> str:
     value = m.counters[counter]
     if counter.endswith("utilisation") or counter.endswith("efficiency"):
         return "%.0f %%" % (100 * value)
-    if value == int(value):
-        return "%d" % int(value)
+    if value == int(value) or abs(value) >= 1000:
+        return "%d" % round(value)
     return "%.3g" % value
 
 

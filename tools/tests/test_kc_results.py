@@ -830,6 +830,10 @@ class CounterMarkerTest(unittest.TestCase):
         self.assertEqual(kr.counter_text(r, "ch06/after/caseA/waves"), "2")
         self.assertEqual(kr.counter_text(r, "ch06/after/caseA/last_wave_utilisation"), "45 %")
         self.assertEqual(kr.counter_text(r, "ch06/after/caseA/tiles"), "not yet measured")
+        m.counters["stage_up_us"] = 6168.5
+        m.counters["stage_router_us"] = 87.66
+        self.assertEqual(kr.counter_text(r, "ch06/after/caseA/stage_up_us"), "6168")
+        self.assertEqual(kr.counter_text(r, "ch06/after/caseA/stage_router_us"), "87.7")
         self.assertEqual(kr.counter_text(r, "ch06/before/caseA/waves"), "not yet measured")
         with self.assertRaises(kr.ResultsError):
             kr.counter_text(r, "ch06/after/caseA")
