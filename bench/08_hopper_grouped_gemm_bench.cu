@@ -42,7 +42,7 @@
 //
 // Run time at --benchmark_repetitions=5 (tools/gpu_suite.sh), estimated for an H200: 124 benchmarks
 // × (5 repetitions × ~0.3 s (MinTime 0.2 s of launches of 0.3-25 ms) + ~7 set-ups × ~0.07 s (Google
-// Benchmark sizes the first repetition in 2-3 runs; each run allocates and fills up to 16 GB)) ≈ 200 s.
+// Benchmark sizes the first repetition in 2-3 runs; each run allocates and fills up to 16 GB)) ≈ 250 s.
 #include <cuda_bf16.h>
 
 #include <algorithm>

@@ -5,11 +5,11 @@
 // cost (an expert's short last m-tile, an idle warpgroup, a W box some other block brought into the L2)
 // move each block's next start by a few microseconds, and those add up. Two m-tiles of one expert at
 // the same n-tile read the same W boxes; at DeepSeek-V3's up projection the weights (15 GB) stream
-// through the 50 MB L2 at about 3 TB/s, so a W line lasts there some 17 µs, and a partner more than
-// that behind reads it from DRAM again. With a block per tile the GPU starts blocks in id order
-// whenever an SM frees up, so the tiles of a band start within microseconds of each other, every
-// round. The price: each tile's prologue (barriers, the first loads) and epilogue no longer overlap
-// the next tile's loads.
+// through the L2 (50-60 MB) at the copy rate, so a W line lasts there only the microseconds the
+// stream takes to pass the L2's size, and a partner further behind reads it from DRAM again. With a
+// block per tile the GPU starts blocks in id order whenever an SM frees up, so the tiles of a band
+// start within microseconds of each other, every round. The price: each tile's prologue (barriers,
+// the first loads) and epilogue no longer overlap the next tile's loads.
 #include "grouped_kernel.cuh"
 
 namespace kc::ch08::detail {
